@@ -1,0 +1,63 @@
+"""Domain errors and the one table that maps them to HTTP status codes.
+
+Worker and router raise these; one FastAPI handler turns each into a JSON
+body ``{"error": message}`` with the right status, so no endpoint picks its
+own code for the same failure.
+"""
+from __future__ import annotations
+
+
+class ModelplaneError(Exception):
+    status_code = 500
+    headers: dict[str, str] = {}
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class ModelNotFound(ModelplaneError):
+    status_code = 404
+
+
+class BadInput(ModelplaneError):
+    status_code = 400
+
+
+class PayloadTooLarge(ModelplaneError):
+    status_code = 413
+
+
+class ModelLoadFailed(ModelplaneError):
+    """The model's files are missing or corrupt, or its framework refused them."""
+    status_code = 500
+
+
+class ModelTooLarge(ModelplaneError):
+    """The model cannot fit even in an empty cache."""
+    status_code = 507
+
+
+class NoCapacity(ModelplaneError):
+    status_code = 503
+
+    def __init__(self, message: str, retry_after_s: int = 5) -> None:
+        super().__init__(message)
+        self.headers = {"Retry-After": str(retry_after_s)}
+
+
+class BackendUnavailable(ModelplaneError):
+    """A backend the model needs (the Triton sidecar, a worker) is down."""
+    status_code = 503
+
+    def __init__(self, message: str, retry_after_s: int = 2) -> None:
+        super().__init__(message)
+        self.headers = {"Retry-After": str(retry_after_s)}
+
+
+class UpstreamTimeout(ModelplaneError):
+    status_code = 504
+
+
+class Unauthorized(ModelplaneError):
+    status_code = 401

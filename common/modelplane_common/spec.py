@@ -1,0 +1,114 @@
+"""The ServedModel spec as Python types.
+
+One definition serves the worker's ModelStore (standalone JSON or cluster
+ServedModels), the router's placement (memory, min/max copies) and the
+operator's validation, so they cannot drift apart. The CRD's OpenAPI schema in
+``crds/`` mirrors these fields; tests check the two agree.
+"""
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from modelplane_common import quantity
+
+GROUP = "modelplane.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "ServedModel"
+PLURAL = "servedmodels"
+SHORT_NAME = "sm"
+
+
+class Framework(str, enum.Enum):
+    TRANSFORMERS = "transformers"
+    TORCHVISION = "torchvision"
+    TRITON = "triton"
+
+
+class Task(str, enum.Enum):
+    TEXT_CLASSIFICATION = "text-classification"
+    IMAGE_CLASSIFICATION = "image-classification"
+    EMBEDDING = "embedding"
+    TENSOR = "tensor"
+
+
+class Placement(str, enum.Enum):
+    SHARED = "shared"
+    DEDICATED = "dedicated"
+
+
+SOURCE_SCHEMES = ("file", "pvc")
+
+
+def validate_source_uri(uri: str) -> str:
+    """Accept only schemes a worker can fetch offline and no path traversal."""
+    scheme, sep, rest = uri.partition("://")
+    if not sep:
+        raise ValueError(f"source uri {uri!r} has no scheme; expected one of {', '.join(s + '://' for s in SOURCE_SCHEMES)}")
+    if scheme not in SOURCE_SCHEMES:
+        raise ValueError(f"source uri scheme {scheme!r} is not supported; expected one of {SOURCE_SCHEMES}")
+    if any(part == ".." for part in rest.split("/")):
+        raise ValueError(f"source uri {uri!r} must not contain '..'")
+    if not rest.strip("/"):
+        raise ValueError(f"source uri {uri!r} names no path")
+    return uri
+
+
+class Replicas(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    min: int = Field(0, ge=0)
+    max: int = Field(1, ge=1)
+
+    @model_validator(mode="after")
+    def _min_le_max(self) -> "Replicas":
+        if self.min > self.max:
+            raise ValueError(f"replicas.min ({self.min}) must not exceed replicas.max ({self.max})")
+        return self
+
+
+class ModelSpec(BaseModel):
+    """Everything modelplane knows about one model before it is loaded."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True, use_enum_values=False)
+
+    id: str = Field(..., min_length=1, max_length=253, pattern=r"^[a-z0-9]([a-z0-9._-]*[a-z0-9])?$")
+    name: str = ""
+    framework: Framework
+    task: Task = Task.TENSOR
+    version: str = "1"
+    source: str = Field(..., description="file:///abs/path or pvc://claim/path")
+    memory_bytes: int = Field(0, ge=0, alias="memory", description="estimate; the measured size after load wins")
+    replicas: Replicas = Field(default_factory=Replicas)
+    placement: Placement = Placement.SHARED
+    pinned: bool = False
+    warmup: list[Any] = Field(default_factory=list)
+    labels: dict[str, str] = Field(default_factory=dict)
+    description: str = ""
+    owner: str = ""
+    oncall: str = ""
+
+    @field_validator("memory_bytes", mode="before")
+    @classmethod
+    def _parse_memory(cls, value: Any) -> int:
+        return 0 if value in (None, "") else quantity.parse_bytes(value)
+
+    @field_validator("source")
+    @classmethod
+    def _check_source(cls, value: str) -> str:
+        return validate_source_uri(value)
+
+    @model_validator(mode="after")
+    def _default_name(self) -> "ModelSpec":
+        if not self.name:
+            self.name = self.id
+        return self
+
+    @classmethod
+    def from_served_model(cls, body: dict[str, Any]) -> "ModelSpec":
+        """Build from a ServedModel object (its metadata.name is the model id)."""
+        spec = dict(body.get("spec") or {})
+        source = spec.pop("source", {}) or {}
+        return cls(id=body["metadata"]["name"], source=source.get("uri", ""), **spec)

@@ -1,0 +1,70 @@
+"""Wire types between clients, the router and workers.
+
+The seed API (`/predict`, `/models`) and modelplane's own `/status` report
+are defined once here; OIP v2 bodies are forwarded as they are and need no
+types of ours.
+"""
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+
+class PredictRequest(BaseModel):
+    model_id: str = Field(..., min_length=1)
+    input_data: Any
+
+
+class PredictResponse(BaseModel):
+    model_id: str
+    predictions: Any
+
+
+class ModelsResponse(BaseModel):
+    available_models: list[str]
+    loaded_models: list[str]
+
+
+class CopyState(str, enum.Enum):
+    LOADING = "LOADING"
+    READY = "READY"
+    UNLOADING = "UNLOADING"
+    FAILED = "FAILED"
+
+
+class ModelCopy(BaseModel):
+    """One model's copy on one worker, as that worker reports it."""
+
+    id: str
+    framework: str
+    state: CopyState
+    bytes: int = 0
+    pinned: bool = False
+    inflight: int = 0
+    last_used_s: float = 0.0  # monotonic-free: seconds since the copy was last used
+    loaded_at_s: float = 0.0  # seconds since the load finished
+    reason: str = ""
+
+
+class CatalogEntry(BaseModel):
+    """A model the worker can load, with the estimate placement uses before it is measured."""
+
+    id: str
+    framework: str
+    memory_bytes: int
+
+
+class WorkerStatus(BaseModel):
+    """`GET /status`: the worker's own report, the source of truth for the router's map."""
+
+    pod: str
+    ready: bool
+    triton_ready: bool
+    memory_budget_bytes: int
+    used_bytes: int
+    free_bytes: int
+    max_models: int | None = None
+    models: list[ModelCopy]
+    catalog: list[CatalogEntry]

@@ -1,0 +1,1 @@
+"""Framework workers, one module each, registered with the engine by framework name."""

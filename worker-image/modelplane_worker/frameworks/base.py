@@ -1,0 +1,75 @@
+"""The lifecycle every framework worker implements.
+
+The manager only ever calls these methods, so adding a framework is one
+class plus one ``@register`` line, and nothing else changes. Unloading is an
+explicit call, never ``__del__``: the manager must know when memory is back.
+"""
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from modelplane_common.spec import ModelSpec
+
+
+@dataclass(frozen=True)
+class WorkerContext:
+    """What a framework worker may need from its pod, injected (never read from globals)."""
+
+    source_roots: dict[str, Path] = field(default_factory=dict)  # pvc claim name -> mount path
+    triton_url: str = "127.0.0.1:8000"  # host:port of the Triton sidecar's HTTP endpoint
+    triton_repository: Path = Path("/models")  # the volume shared with the sidecar
+    device: str = "cpu"  # "cuda" when torch.cuda.is_available()
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    datatype: str  # OIP v2 datatype, e.g. FP32, INT64, BYTES
+    shape: list[int]  # -1 for a variable dimension
+
+
+class FrameworkWorker(abc.ABC):
+    """One loaded (or loadable) model of one framework."""
+
+    framework: ClassVar[str]
+
+    def __init__(self, spec: ModelSpec, context: WorkerContext) -> None:
+        self.spec = spec
+        self.context = context
+
+    @abc.abstractmethod
+    def load(self) -> None:
+        """Read the model from its source into memory; raise ModelLoadFailed naming the cause."""
+
+    @abc.abstractmethod
+    def predict(self, input_data: Any) -> Any:
+        """Seed-compatible inference: JSON in, JSON-serialisable predictions out; BadInput on bad data."""
+
+    @abc.abstractmethod
+    def infer(self, inputs: dict[str, np.ndarray], parameters: dict[str, Any]) -> dict[str, np.ndarray]:
+        """OIP v2 inference on named tensors; BadInput names the wrong tensor, shape or dtype."""
+
+    @abc.abstractmethod
+    def inputs(self) -> list[TensorSpec]:
+        """Input tensors for OIP v2 model metadata."""
+
+    @abc.abstractmethod
+    def outputs(self) -> list[TensorSpec]:
+        """Output tensors for OIP v2 model metadata."""
+
+    @abc.abstractmethod
+    def unload(self) -> None:
+        """Drop every reference to the model's memory and give it back (gc, empty_cache, malloc_trim)."""
+
+    @abc.abstractmethod
+    def measured_bytes(self) -> int:
+        """Bytes this model occupies now that it is loaded (replaces the spec's estimate)."""
+
+    def is_ready(self) -> bool:
+        """Whether the model can serve now (the triton worker asks its sidecar)."""
+        return True

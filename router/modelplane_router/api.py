@@ -1,0 +1,184 @@
+"""The gateway's HTTP API: the worker's inference endpoints, served for the whole cluster.
+
+Inference bodies (seed ``/predict`` and OIP v2 ``infer``, binary extension
+included) are forwarded untouched; the router reads only the model name (from
+the path, or ``model_id`` for ``/predict``). Load and unload need the admin
+bearer token: 403 when the router has none configured, 401 when the request
+does not carry it.
+"""
+from __future__ import annotations
+
+import contextlib
+import hmac
+import time
+from typing import Any, AsyncIterator
+
+import httpx
+import pydantic
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from modelplane_common import errors
+from modelplane_common.http import install_error_handler, read_body_limited
+from modelplane_common.wire import CopyState, PredictRequest
+from modelplane_router.service import RouterService
+from modelplane_router.upstream import PASSED_RESPONSE_HEADERS
+
+SERVER_NAME = "modelplane-router"
+DEFAULT_MAX_BODY_BYTES = 64 * 2**20
+
+
+class InvalidRequest(errors.ModelplaneError):
+    """Malformed JSON or a missing field, as the worker answers it."""
+
+    status_code = 422
+
+
+class Forbidden(errors.ModelplaneError):
+    status_code = 403
+
+
+def check_admin(request: Request, admin_token: str | None) -> None:
+    if not admin_token:
+        raise Forbidden("load and unload are disabled on this router: start it with --admin-token to allow them")
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), admin_token.encode()):
+        error = errors.Unauthorized("load and unload need 'Authorization: Bearer <admin token>'")
+        error.headers = {"WWW-Authenticate": "Bearer"}
+        raise error
+
+
+def passed_response(upstream: httpx.Response) -> Response:
+    headers = {k: v for k, v in upstream.headers.items() if k.lower() in PASSED_RESPONSE_HEADERS}
+    return Response(content=upstream.content, status_code=upstream.status_code, headers=headers)
+
+
+def models_report(service: RouterService) -> dict[str, Any]:
+    """``GET /models``: the seed's two lists, plus where each model's copies live."""
+    model_map = service.model_map
+    copies: dict[str, list[dict[str, Any]]] = {}
+    for pod in model_map.pods():
+        for copy in pod.copies.values():
+            copies.setdefault(copy.model, []).append(
+                {"pod": pod.name, "url": pod.url, "state": copy.state.value, "bytes": copy.bytes}
+            )
+    loaded = sorted(m for m, cs in copies.items() if any(c["state"] == CopyState.READY.value for c in cs))
+    return {"available_models": sorted(model_map.known_models()), "loaded_models": loaded, "copies": copies}
+
+
+def create_app(service: RouterService, admin_token: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await service.start()
+        try:
+            yield
+        finally:
+            await service.stop()
+
+    app = FastAPI(title=SERVER_NAME, lifespan=lifespan)
+    install_error_handler(app)
+    router = service.router
+    metrics = service.metrics
+
+    async def forward(model: str, request: Request, body: bytes) -> Response:
+        started = time.perf_counter()
+        code = "500"
+        try:
+            upstream = await router.forward(model, request.method, request.url.path, body, request.headers)
+            code = str(upstream.status_code)
+            return passed_response(upstream)
+        except errors.ModelplaneError as exc:
+            code = str(exc.status_code)
+            raise
+        finally:
+            metrics.requests.labels(model, code).inc()
+            metrics.latency.labels(model).observe(time.perf_counter() - started)
+
+    @app.post("/predict")
+    async def predict(request: Request) -> Response:
+        body = await read_body_limited(request, max_body_bytes)
+        try:
+            parsed = PredictRequest.model_validate_json(body)
+        except pydantic.ValidationError as exc:
+            problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in exc.errors())
+            raise InvalidRequest(f"invalid /predict request: {problems}") from None
+        return await forward(parsed.model_id, request, body)
+
+    @app.post("/v2/models/{name}/infer")
+    @app.post("/v2/models/{name}/versions/{version}/infer")
+    async def infer(name: str, request: Request, version: str | None = None) -> Response:
+        body = await read_body_limited(request, max_body_bytes)
+        return await forward(name, request, body)
+
+    @app.get("/v2/models/{name}")
+    @app.get("/v2/models/{name}/versions/{version}")
+    async def model_metadata(name: str, request: Request, version: str | None = None) -> Response:
+        return await forward(name, request, b"")
+
+    @app.get("/v2/models/{name}/ready")
+    @app.get("/v2/models/{name}/versions/{version}/ready")
+    async def model_ready(name: str, version: str | None = None) -> Response:
+        router.check_known(name)
+        if service.model_map.ready_copies(name):
+            return Response(status_code=200)
+        return JSONResponse({"error": f"model {name!r} has no ready copy yet; it loads on its first request"}, status_code=503)
+
+    @app.get("/v2/health/live")
+    async def live() -> Response:
+        return Response(status_code=200)
+
+    @app.get("/v2/health/ready")
+    async def ready() -> Response:
+        if service.model_map.ready_pods():
+            return Response(status_code=200)
+        return JSONResponse({"error": "no ready worker pod"}, status_code=503)
+
+    @app.get("/v2")
+    async def server_metadata() -> dict[str, Any]:
+        return {"name": SERVER_NAME, "version": "0.1.0", "extensions": ["binary_tensor_data", "model_repository"]}
+
+    @app.get("/models")
+    async def models() -> dict[str, Any]:
+        return models_report(service)
+
+    @app.get("/router/pods")
+    async def pods() -> list[dict[str, Any]]:
+        """The map itself, for operators and tests: every pod, its room and its copies."""
+        return [
+            {
+                "url": p.url, "pod": p.name, "node": p.node, "ready": p.ready, "budget_bytes": p.budget_bytes,
+                "free_bytes": p.free_bytes, "inflight": service.model_map.inflight(p.url),
+                "copies": {m: {"state": c.state.value, "bytes": c.bytes} for m, c in p.copies.items()},
+            }
+            for p in service.model_map.pods()
+        ]
+
+    @app.post("/v2/repository/index")
+    async def repository_index() -> list[dict[str, Any]]:
+        report = models_report(service)
+        rows = []
+        for model in report["available_models"]:
+            copies = report["copies"].get(model, [])
+            state = "READY" if model in report["loaded_models"] else ("LOADING" if copies else "UNAVAILABLE")
+            rows.append({"name": model, "state": state, "reason": "", "pods": [c["pod"] for c in copies if c["state"] == "READY"]})
+        return rows
+
+    @app.post("/v2/repository/models/{name}/load")
+    async def load(name: str, request: Request) -> dict[str, Any]:
+        check_admin(request, admin_token)
+        urls = await router.ready_copies(name)
+        return {"model": name, "pods": [service.model_map.pod(u).name for u in urls if service.model_map.pod(u)]}
+
+    @app.post("/v2/repository/models/{name}/unload")
+    async def unload(name: str, request: Request) -> dict[str, Any]:
+        check_admin(request, admin_token)
+        return {"model": name, "unloaded_from": await router.unload_everywhere(name)}
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        metrics.pods.set(len(service.model_map.pods()))
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app

@@ -1,0 +1,104 @@
+"""``modelplane-router``: the gateway in standalone mode (a list of worker URLs) or cluster mode.
+
+Every option also reads an environment variable (``MODELPLANE_ROUTER_*``,
+``MODELPLANE_ADMIN_TOKEN``), which is how the Helm chart configures it.
+Arguments and environment are read here and nowhere else.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from pathlib import Path
+from typing import Sequence
+
+import uvicorn
+
+from modelplane_common import quantity
+from modelplane_router import placement
+from modelplane_router.api import DEFAULT_MAX_BODY_BYTES, create_app
+from modelplane_router.discovery import Discovery, KubeDiscovery, StaticDiscovery, read_model_store
+from modelplane_router.replication import ReplicationSettings
+from modelplane_router.service import RouterService, RouterSettings
+
+
+def env(name: str, default: str | None = None) -> str | None:
+    return os.environ.get(name, default)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="modelplane-router", description=__doc__)
+    p.add_argument("--workers", default=env("MODELPLANE_ROUTER_WORKERS", ""),
+                   help="standalone mode: comma-separated worker URLs (http://host:port)")
+    p.add_argument("--model-store", default=env("MODELPLANE_MODEL_STORE"),
+                   help="standalone mode: the workers' model store JSON, for min/max copies of each model")
+    p.add_argument("--cluster", action="store_true", default=env("MODELPLANE_ROUTER_CLUSTER", "") in ("1", "true"),
+                   help="cluster mode: discover worker pods and ServedModels through the Kubernetes API")
+    p.add_argument("--namespace", default=env("MODELPLANE_NAMESPACE", "default"))
+    p.add_argument("--worker-selector", default=env("MODELPLANE_WORKER_SELECTOR", "app.kubernetes.io/component=worker"))
+    p.add_argument("--worker-port", type=int, default=int(env("MODELPLANE_WORKER_PORT", "8080")))
+    p.add_argument("--kubeconfig", default=env("KUBECONFIG"))
+    p.add_argument("--host", default=env("MODELPLANE_ROUTER_HOST", "127.0.0.1"))
+    p.add_argument("--port", type=int, default=int(env("MODELPLANE_ROUTER_PORT", "8080")))
+    p.add_argument("--admin-token", default=env("MODELPLANE_ADMIN_TOKEN"),
+                   help="bearer token for load/unload through the gateway; without it they answer 403")
+    p.add_argument("--max-body-bytes", default=env("MODELPLANE_MAX_BODY_BYTES", str(DEFAULT_MAX_BODY_BYTES)))
+    p.add_argument("--sync-interval", type=float, default=float(env("MODELPLANE_ROUTER_SYNC_INTERVAL", "1.0")))
+    p.add_argument("--request-timeout", type=float, default=float(env("MODELPLANE_ROUTER_REQUEST_TIMEOUT", "60")))
+    p.add_argument("--load-timeout", type=float, default=float(env("MODELPLANE_ROUTER_LOAD_TIMEOUT", "300")))
+    p.add_argument("--default-max-copies", type=int, default=int(env("MODELPLANE_ROUTER_DEFAULT_MAX_COPIES", "1")))
+    p.add_argument("--replicate-rps-per-copy", type=float, default=float(env("MODELPLANE_ROUTER_REPLICATE_RPS", "20")))
+    p.add_argument("--replicate-inflight-per-copy", type=float, default=float(env("MODELPLANE_ROUTER_REPLICATE_INFLIGHT", "4")))
+    p.add_argument("--replicate-window", type=float, default=float(env("MODELPLANE_ROUTER_REPLICATE_WINDOW", "5")))
+    p.add_argument("--idle-copy-seconds", type=float, default=float(env("MODELPLANE_ROUTER_IDLE_COPY_SECONDS", "60")))
+    p.add_argument("--churn-guard-seconds", type=float, default=float(env("MODELPLANE_ROUTER_CHURN_GUARD_SECONDS", "30")))
+    p.add_argument("--log-level", default=env("MODELPLANE_LOG_LEVEL", "info"))
+    return p.parse_args(argv)
+
+
+def build_discovery(args: argparse.Namespace) -> Discovery:
+    if args.cluster:
+        from kubernetes import config
+
+        if args.kubeconfig:
+            config.load_kube_config(args.kubeconfig)
+        else:
+            config.load_incluster_config()
+        discovery = KubeDiscovery(args.namespace, args.worker_selector, args.worker_port)
+        discovery.start()
+        return discovery
+    urls = [u.strip() for u in args.workers.split(",") if u.strip()]
+    if not urls:
+        raise SystemExit("modelplane-router: give --workers URL,URL... (standalone) or --cluster")
+    specs = read_model_store(Path(args.model_store)) if args.model_store else {}
+    return StaticDiscovery(urls, specs)
+
+
+def build_settings(args: argparse.Namespace) -> RouterSettings:
+    return RouterSettings(
+        sync_interval_s=args.sync_interval,
+        control_interval_s=args.sync_interval,
+        request_timeout_s=args.request_timeout,
+        load_timeout_s=args.load_timeout,
+        default_max_copies=args.default_max_copies,
+        replication=ReplicationSettings(
+            rps_per_copy=args.replicate_rps_per_copy,
+            inflight_per_copy=args.replicate_inflight_per_copy,
+            window_s=args.replicate_window,
+            idle_s=args.idle_copy_seconds,
+            churn_guard_s=args.churn_guard_seconds,
+        ),
+        placement=placement.PlacementSettings(churn_guard_s=args.churn_guard_seconds),
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    service = RouterService(build_discovery(args), build_settings(args))
+    app = create_app(service, args.admin_token, quantity.parse_bytes(args.max_body_bytes))
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level.lower(), access_log=False)
+
+
+if __name__ == "__main__":
+    main()

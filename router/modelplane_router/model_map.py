@@ -1,0 +1,186 @@
+"""The model-to-pod map: which pod holds which model, in which state, with how much room.
+
+Workers are the source of truth: every pod's entry is replaced wholesale by
+its own ``GET /status`` report. The router adds only what it knows sooner than
+the next report: loads it has started itself (so two placements do not count
+the same free bytes twice), copies it saw fail (so no request goes there
+until the worker says otherwise) and its own in-flight counts (for power of
+two choices). A pod that stops answering is removed at once.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterable
+
+from modelplane_common.wire import CopyState, WorkerStatus
+
+
+@dataclasses.dataclass
+class CopyView:
+    """One model's copy on one pod, as the router sees it."""
+
+    model: str
+    state: CopyState
+    bytes: int = 0
+    pinned: bool = False
+    last_used_s: float = 0.0
+    loaded_at_s: float = 0.0
+
+
+@dataclasses.dataclass
+class PodView:
+    """One worker pod: where to reach it, its room, and its copies."""
+
+    url: str
+    name: str
+    node: str = ""
+    ready: bool = True
+    budget_bytes: int = 0
+    free_bytes: int = 0
+    copies: dict[str, CopyView] = dataclasses.field(default_factory=dict)
+    catalog: dict[str, int] = dataclasses.field(default_factory=dict)  # model id -> estimated bytes
+
+    def ready_models(self) -> set[str]:
+        return {m for m, c in self.copies.items() if c.state == CopyState.READY}
+
+
+class ModelMap:
+    """Pods keyed by URL, refreshed from worker reports; the router's only view of the cluster."""
+
+    def __init__(self) -> None:
+        self._pods: dict[str, PodView] = {}
+        self._reserved: dict[tuple[str, str], int] = {}  # (url, model) -> bytes of a load the router started
+        self._suspect: set[tuple[str, str]] = set()  # (url, model) copies that just failed a request
+        self._inflight: dict[tuple[str, str], int] = {}
+
+    # --- updates -----------------------------------------------------------------
+
+    def apply_status(self, url: str, status: WorkerStatus, node: str = "") -> None:
+        """Replace what the map knows of `url` with the worker's own report."""
+        copies = {
+            c.id: CopyView(c.id, c.state, c.bytes, c.pinned, c.last_used_s, c.loaded_at_s) for c in status.models
+        }
+        catalog = {e.id: e.memory_bytes for e in status.catalog}
+        previous = self._pods.get(url)
+        self._pods[url] = PodView(
+            url=url,
+            name=status.pod or url,
+            node=node or (previous.node if previous else ""),
+            ready=status.ready,
+            budget_bytes=status.memory_budget_bytes,
+            free_bytes=status.free_bytes,
+            copies=copies,
+            catalog=catalog,
+        )
+        # A fresh report supersedes the router's own guesses about this pod.
+        self._suspect = {key for key in self._suspect if key[0] != url}
+        for key in [k for k in self._reserved if k[0] == url and k[1] in copies]:
+            del self._reserved[key]
+
+    def remove_pod(self, url: str) -> None:
+        """Forget a pod at once (it stopped answering or left the cluster)."""
+        self._pods.pop(url, None)
+        self._suspect = {key for key in self._suspect if key[0] != url}
+        for key in [k for k in self._reserved if k[0] == url]:
+            del self._reserved[key]
+
+    def mark_copy_failed(self, url: str, model: str) -> None:
+        """No more requests for `model` to `url` until its next report."""
+        self._suspect.add((url, model))
+
+    def reserve_load(self, url: str, model: str, nbytes: int) -> None:
+        """Count a load the router started, before the worker reports it."""
+        self._reserved[(url, model)] = nbytes
+
+    def release_load(self, url: str, model: str) -> None:
+        self._reserved.pop((url, model), None)
+
+    def record_loaded(self, url: str, model: str, nbytes: int) -> None:
+        """The worker answered our load: the copy is ready (its next report gives the measured size)."""
+        pod = self._pods.get(url)
+        self.release_load(url, model)
+        self._suspect.discard((url, model))
+        if pod is not None and model not in pod.ready_models():
+            pod.copies[model] = CopyView(model, CopyState.READY, nbytes)
+            pod.free_bytes -= nbytes
+
+    def record_unloaded(self, url: str, model: str) -> None:
+        pod = self._pods.get(url)
+        if pod is not None and model in pod.copies:
+            pod.free_bytes += pod.copies.pop(model).bytes
+
+    # --- in-flight counts (power of two choices) ------------------------------------------
+
+    def begin_request(self, url: str, model: str) -> None:
+        self._inflight[(url, model)] = self._inflight.get((url, model), 0) + 1
+
+    def end_request(self, url: str, model: str) -> None:
+        left = self._inflight.get((url, model), 1) - 1
+        if left <= 0:
+            self._inflight.pop((url, model), None)
+        else:
+            self._inflight[(url, model)] = left
+
+    def inflight(self, url: str, model: str | None = None) -> int:
+        if model is not None:
+            return self._inflight.get((url, model), 0)
+        return sum(n for (u, _), n in self._inflight.items() if u == url)
+
+    def model_inflight(self, model: str) -> int:
+        return sum(n for (_, m), n in self._inflight.items() if m == model)
+
+    # --- queries --------------------------------------------------------------------------
+
+    def pods(self) -> list[PodView]:
+        return list(self._pods.values())
+
+    def pod(self, url: str) -> PodView | None:
+        return self._pods.get(url)
+
+    def ready_pods(self) -> list[PodView]:
+        return [p for p in self._pods.values() if p.ready]
+
+    def ready_copies(self, model: str) -> list[str]:
+        """URLs of ready pods where `model` is ready and has not just failed."""
+        return [
+            p.url
+            for p in self._pods.values()
+            if p.ready and model in p.ready_models() and (p.url, model) not in self._suspect
+        ]
+
+    def loading_copies(self, model: str) -> list[str]:
+        """URLs where `model` is being loaded (reported by the worker or started by the router)."""
+        urls = {u for (u, m) in self._reserved if m == model and u in self._pods}
+        urls |= {p.url for p in self._pods.values() if (c := p.copies.get(model)) and c.state == CopyState.LOADING}
+        return sorted(urls)
+
+    def free_bytes(self, url: str) -> int:
+        """Free bytes of a pod less what the router's own unreported loads will take."""
+        pod = self._pods[url]
+        reserved = sum(n for (u, m), n in self._reserved.items() if u == url and m not in pod.copies)
+        return pod.free_bytes - reserved
+
+    def known_models(self) -> set[str]:
+        """Every model some pod can load or holds."""
+        names: set[str] = set()
+        for pod in self._pods.values():
+            names |= set(pod.catalog) | set(pod.copies)
+        return names
+
+    def estimated_bytes(self, model: str, fallback: int = 0) -> int:
+        """Measured size of an existing copy if any (measured wins), else the catalog estimate."""
+        measured = [c.bytes for p in self._pods.values() if (c := p.copies.get(model)) and c.bytes > 0]
+        if measured:
+            return max(measured)
+        estimates = [p.catalog[model] for p in self._pods.values() if p.catalog.get(model)]
+        return max(estimates) if estimates else fallback
+
+    def pods_with_catalog(self, model: str) -> list[PodView]:
+        """Ready pods that can load `model`."""
+        return [p for p in self._pods.values() if p.ready and model in p.catalog]
+
+    def copies_of(self, model: str) -> list[tuple[PodView, CopyView]]:
+        return [(p, c) for p in self._pods.values() if (c := p.copies.get(model)) is not None]
+
+    def urls(self) -> Iterable[str]:
+        return list(self._pods)

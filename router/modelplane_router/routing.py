@@ -1,0 +1,263 @@
+"""Which pod serves a request, and getting a model ready somewhere when no pod has it.
+
+- A model with ready copies goes to the less busy of two random copies
+  (power of two choices on the router's in-flight counts).
+- A model with no ready copy is placed (``placement.place_cold``) and loaded:
+  one load per model at a time across the router however many requests
+  wait; the waiters are forwarded when it finishes. Before placing, every
+  pod is asked for a fresh report, so a load another router started is
+  joined instead of repeated.
+- A connection failure or 5xx is retried once on another ready copy; the pod
+  leaves the map (connection failure) or the copy is skipped until the
+  worker's next report (5xx). A worker's 4xx goes back to the client as is.
+- Hot models get copies and lose them again through ``replication``.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from typing import Awaitable, Callable, Mapping
+
+import httpx
+
+from modelplane_common import errors
+from modelplane_router import placement
+from modelplane_router.model_map import ModelMap
+from modelplane_router.replication import Action, ModelLimits, ReplicationPolicy
+from modelplane_router.status_sync import StatusSync
+from modelplane_router.telemetry import RouterMetrics
+from modelplane_router.upstream import PodUnreachable, WorkerClient, WorkerError
+
+log = logging.getLogger(__name__)
+
+LimitsLookup = Callable[[str], ModelLimits]
+
+
+class Router:
+    def __init__(
+        self,
+        model_map: ModelMap,
+        client: WorkerClient,
+        sync: StatusSync,
+        policy: ReplicationPolicy,
+        limits_for: LimitsLookup,
+        metrics: RouterMetrics,
+        placement_settings: placement.PlacementSettings = placement.PlacementSettings(),
+        rng: random.Random | None = None,
+        retry_after_s: int = 5,
+    ) -> None:
+        self.model_map = model_map
+        self.client = client
+        self.sync = sync
+        self.policy = policy
+        self.limits_for = limits_for
+        self.metrics = metrics
+        self.placement_settings = placement_settings
+        self.rng = rng or random.Random()
+        self.retry_after_s = retry_after_s
+        self._loads: dict[str, asyncio.Future[None]] = {}
+        self._background: set[asyncio.Task[None]] = set()
+
+    # --- choosing a copy --------------------------------------------------------------
+
+    def choose_copy(self, model: str, urls: list[str]) -> str:
+        """Power of two choices: the less busy of two random ready copies."""
+        if len(urls) == 1:
+            return urls[0]
+        a, b = self.rng.sample(urls, 2)
+        return a if self.model_map.inflight(a, model) <= self.model_map.inflight(b, model) else b
+
+    def check_known(self, model: str) -> None:
+        if model not in self.model_map.known_models():
+            if not self.model_map.pods():
+                raise errors.BackendUnavailable("no worker pod is reachable", self.retry_after_s)
+            raise errors.ModelNotFound(f"model {model!r} is not served by any worker")
+
+    async def ready_copies(self, model: str) -> list[str]:
+        """Ready copies of `model`, loading it first (once, however many callers wait) if it has none."""
+        urls = self.model_map.ready_copies(model)
+        if urls:
+            return urls
+        self.check_known(model)
+        future = self._loads.get(model)
+        if future is None:
+            future = asyncio.ensure_future(self._load_cold(model))
+            self._loads[model] = future
+            future.add_done_callback(lambda f, m=model: self._loads.pop(m, None) if self._loads.get(m) is f else None)
+        await asyncio.shield(future)
+        urls = self.model_map.ready_copies(model)
+        if not urls:
+            raise errors.BackendUnavailable(f"model {model!r} was loaded but no ready copy is reachable", self.retry_after_s)
+        return urls
+
+    # --- placing a cold model ------------------------------------------------------------
+
+    async def _load_cold(self, model: str) -> None:
+        await self.sync.refresh_all()
+        if self.model_map.ready_copies(model):
+            return
+        for url in self.model_map.loading_copies(model):  # another router is loading it: join that load
+            try:
+                await self.client.load(url, model)
+                self.model_map.record_loaded(url, model, self.model_map.estimated_bytes(model))
+                return
+            except PodUnreachable:
+                self.model_map.remove_pod(url)
+        self.check_known(model)
+        for _ in range(2):  # a pod that vanishes mid-load costs one more placement
+            decision = self.place(model, holders=())
+            try:
+                await self.load_on(decision, model)
+                return
+            except PodUnreachable as exc:
+                self.model_map.remove_pod(exc.url)
+        raise errors.BackendUnavailable(f"no worker could load {model!r}", self.retry_after_s)
+
+    def place(self, model: str, holders: tuple[str, ...] | list[str]) -> placement.Decision:
+        need = self.model_map.estimated_bytes(model)
+        capable = {p.url for p in self.model_map.pods_with_catalog(model)}
+        rooms = [r for r in placement.rooms_from_map(self.model_map) if r.url in capable]
+        if holders:
+            decision = placement.place_replica(model, need, rooms, holders, self.placement_settings)
+        else:
+            decision = placement.place_cold(model, need, rooms, self.placement_settings)
+        if decision is None:
+            raise errors.NoCapacity(
+                f"no worker pod has room for {model!r} ({need} bytes) even after evicting idle models",
+                self.retry_after_s,
+            )
+        return decision
+
+    async def load_on(self, decision: placement.Decision, model: str) -> None:
+        need = self.model_map.estimated_bytes(model)
+        self.model_map.reserve_load(decision.url, model, need)
+        pod = self.model_map.pod(decision.url)
+        log.info("loading %s on %s (%s; evicts %s)", model, decision.url, decision.reason, list(decision.evicts))
+        try:
+            await self.client.load(decision.url, model)
+        finally:
+            self.model_map.release_load(decision.url, model)
+        self.model_map.record_loaded(decision.url, model, need)
+        self.metrics.placements.labels(model, pod.name if pod else decision.url, decision.reason).inc()
+
+    # --- forwarding -----------------------------------------------------------------------
+
+    async def forward(self, model: str, method: str, path: str, body: bytes, headers: Mapping[str, str]) -> httpx.Response:
+        """Send a request for `model` to a ready copy, retrying once elsewhere on failure."""
+        self.policy.record_request(model)
+        urls = await self.ready_copies(model)
+        first = self.choose_copy(model, urls)
+        response = await self._try(first, model, method, path, body, headers)
+        if response is not None and response.status_code < 500:
+            return response
+        self.metrics.retries.labels(model).inc()
+        others = [u for u in self.model_map.ready_copies(model) if u != first]
+        if not others and response is not None:
+            return response  # a 5xx with no other copy to try: the worker's answer stands
+        if not others:
+            others = [u for u in await self.ready_copies(model) if u != first]
+        second = self.choose_copy(model, others) if others else None
+        retried = await self._try(second, model, method, path, body, headers) if second else None
+        if retried is not None:
+            return retried
+        if response is not None:
+            return response
+        raise errors.BackendUnavailable(f"no ready copy of {model!r} answered", self.retry_after_s)
+
+    async def _try(self, url: str, model: str, method: str, path: str, body: bytes, headers: Mapping[str, str]) -> httpx.Response | None:
+        """One attempt; None if the pod did not answer (it has left the map)."""
+        self.model_map.begin_request(url, model)
+        try:
+            response = await self.client.forward(url, method, path, body, headers)
+        except PodUnreachable as exc:
+            log.warning("%s", exc)
+            self.model_map.remove_pod(url)
+            return None
+        finally:
+            self.model_map.end_request(url, model)
+        if response.status_code >= 500:
+            log.warning("worker %s answered %s for %s", url, response.status_code, model)
+            self.model_map.mark_copy_failed(url, model)
+        return response
+
+    # --- admin ------------------------------------------------------------------------------
+
+    async def unload_everywhere(self, model: str) -> list[str]:
+        """Unload every copy of `model`; the pods it left."""
+        self.check_known(model)
+        left = []
+        for pod, _ in self.model_map.copies_of(model):
+            await self.client.unload(pod.url, model)
+            self.model_map.record_unloaded(pod.url, model)
+            left.append(pod.name)
+        return left
+
+    # --- replication and minimum copies ------------------------------------------------------
+
+    def spawn(self, coro: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def reconcile_once(self) -> None:
+        """One pass of the control loop: minimum copies first, then hot/idle replication."""
+        for model in sorted(self.model_map.known_models()):
+            if model in self._loads:
+                continue
+            limits = self.limits_for(model)
+            ready = self.model_map.ready_copies(model)
+            loading = self.model_map.loading_copies(model)
+            if len(ready) + len(loading) < limits.min_copies:
+                self._start_load(model, ready, reason="min")
+                continue
+            action = self.policy.decide(model, len(ready), len(loading), self.model_map.model_inflight(model), limits)
+            if action is not None:
+                self._carry_out(action, ready)
+
+    def _carry_out(self, action: Action, ready: list[str]) -> None:
+        if action.kind == "add":
+            self._start_load(action.model, ready, reason="hot")
+        elif action.kind == "remove":
+            self.spawn(self._remove_copy(action.model, ready))
+
+    def _start_load(self, model: str, holders: list[str], reason: str) -> None:
+        async def run() -> None:
+            try:
+                if not holders:
+                    await self.ready_copies(model)
+                    return
+                decision = self.place(model, holders)
+                await self.load_on(decision, model)
+            except (errors.ModelplaneError, PodUnreachable) as exc:
+                log.warning("could not add a copy of %s (%s): %s", model, reason, exc)
+
+        future = asyncio.ensure_future(run())
+        self._loads[model] = future
+        future.add_done_callback(lambda f, m=model: self._loads.pop(m, None) if self._loads.get(m) is f else None)
+
+    async def _remove_copy(self, model: str, ready: list[str]) -> None:
+        candidates = [
+            (self.model_map.inflight(u, model), u) for u in ready
+            if (pod := self.model_map.pod(u)) and not pod.copies[model].pinned
+        ]
+        if len(ready) < 2 or not candidates:
+            return
+        _, url = min(candidates)
+        pod = self.model_map.pod(url)
+        try:
+            await self.client.unload(url, model)
+        except (WorkerError, PodUnreachable, errors.UpstreamTimeout) as exc:
+            log.warning("could not remove a copy of %s from %s: %s", model, url, exc)
+            return
+        self.model_map.record_unloaded(url, model)
+        self.metrics.removals.labels(model, pod.name if pod else url).inc()
+        log.info("removed an idle extra copy of %s from %s", model, url)
+
+    async def run_control_loop(self, interval_s: float) -> None:
+        while True:
+            try:
+                await self.reconcile_once()
+            except Exception:  # the loop must outlive one bad pass
+                log.exception("control loop pass failed")
+            await asyncio.sleep(interval_s)

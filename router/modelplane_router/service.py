@@ -1,0 +1,76 @@
+"""Wires the router's parts together and runs its two background loops.
+
+Everything is built from explicit settings (no environment, no globals), so
+tests and benchmarks can build a router in-process with their own settings.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import random
+
+from modelplane_router import placement
+from modelplane_router.discovery import Discovery
+from modelplane_router.model_map import ModelMap
+from modelplane_router.replication import ModelLimits, ReplicationPolicy, ReplicationSettings
+from modelplane_router.routing import Router
+from modelplane_router.status_sync import StatusSync
+from modelplane_router.telemetry import RouterMetrics
+from modelplane_router.upstream import WorkerClient
+
+
+@dataclasses.dataclass(frozen=True)
+class RouterSettings:
+    sync_interval_s: float = 1.0
+    control_interval_s: float = 1.0
+    request_timeout_s: float = 60.0
+    load_timeout_s: float = 300.0
+    default_max_copies: int = 1
+    retry_after_s: int = 5
+    replication: ReplicationSettings = ReplicationSettings()
+    placement: placement.PlacementSettings = placement.PlacementSettings()
+    seed: int | None = None
+
+
+class RouterService:
+    """The map, the worker client, the sync and control loops, and the router itself."""
+
+    def __init__(self, discovery: Discovery, settings: RouterSettings = RouterSettings()) -> None:
+        self.discovery = discovery
+        self.settings = settings
+        self.model_map = ModelMap()
+        self.metrics = RouterMetrics()
+        self.client = WorkerClient(settings.request_timeout_s, settings.load_timeout_s)
+        self.sync = StatusSync(self.model_map, self.client, discovery, settings.sync_interval_s)
+        self.router = Router(
+            self.model_map,
+            self.client,
+            self.sync,
+            ReplicationPolicy(settings.replication),
+            self.limits_for,
+            self.metrics,
+            settings.placement,
+            random.Random(settings.seed),
+            settings.retry_after_s,
+        )
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def limits_for(self, model: str) -> ModelLimits:
+        """A model's min/max copies from its spec; models without one get the router's default."""
+        spec = self.discovery.spec_of(model)
+        if spec is None:
+            return ModelLimits(0, self.settings.default_max_copies)
+        return ModelLimits(spec.replicas.min, spec.replicas.max)
+
+    async def start(self) -> None:
+        await self.sync.refresh_all()
+        self._tasks = [
+            asyncio.ensure_future(self.sync.run()),
+            asyncio.ensure_future(self.router.run_control_loop(self.settings.control_interval_s)),
+        ]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.client.aclose()

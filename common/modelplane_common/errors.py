@@ -24,6 +24,16 @@ class BadInput(ModelplaneError):
     status_code = 400
 
 
+class InvalidRequest(ModelplaneError):
+    """The body is not valid JSON or misses a required field."""
+    status_code = 422
+
+
+class Conflict(ModelplaneError):
+    """The request contradicts the model's configuration (e.g. unloading a pinned model)."""
+    status_code = 409
+
+
 class PayloadTooLarge(ModelplaneError):
     status_code = 413
 

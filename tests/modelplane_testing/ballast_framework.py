@@ -1,0 +1,134 @@
+"""A test-only framework whose models hold real memory and load from real files.
+
+A "ballast" model is a folder with ``ballast.json``: ``{"bytes": N,
+"load_delay_s": s, "factor": f}``. Loading reads that file through the real
+source resolution, sleeps for the delay (a slow load that releases the GIL, as
+torch's do) and allocates N bytes; a missing or corrupt file fails the load.
+Manager and API tests use it to control sizes and timings exactly, passing
+``create_worker`` as the manager's factory (the global registry stays as is).
+"""
+from __future__ import annotations
+
+import collections
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from modelplane_common import errors
+from modelplane_common.spec import ModelSpec
+from modelplane_worker.frameworks import sources
+from modelplane_worker.manager import ModelManager
+from modelplane_worker.store import MemoryModelStore
+from modelplane_worker.frameworks.base import FrameworkWorker, TensorSpec, WorkerContext
+
+_loads_lock = threading.Lock()
+ATTEMPTS: collections.Counter[str] = collections.Counter()  # load() calls, failed ones included
+LOADS: collections.Counter[str] = collections.Counter()  # loads that read a valid file
+UNLOADS: collections.Counter[str] = collections.Counter()
+
+
+def write_model(folder: Path, size: int, load_delay_s: float = 0.0, factor: float = 2.0) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "ballast.json").write_text(json.dumps({"bytes": size, "load_delay_s": load_delay_s, "factor": factor}))
+    return folder
+
+
+def reset_counters() -> None:
+    with _loads_lock:
+        for counter in (ATTEMPTS, LOADS, UNLOADS):
+            counter.clear()
+
+
+def make_spec(model_id: str, folder: Path, memory: int | str = 0, **extra: Any) -> ModelSpec:
+    """A spec for a ballast model (labelled as torchvision: the spec only knows real frameworks)."""
+    return ModelSpec(id=model_id, framework="torchvision", source=f"file://{folder}", memory=memory, **extra)
+
+
+def create_worker(spec: ModelSpec, context: WorkerContext) -> FrameworkWorker:
+    """The manager's worker factory in tests: every model is a ballast model."""
+    return BallastWorker(spec, context)
+
+
+class BallastWorker(FrameworkWorker):
+    def __init__(self, spec: ModelSpec, context: WorkerContext) -> None:
+        super().__init__(spec, context)
+        self._data: np.ndarray | None = None
+        self._factor = 1.0
+
+    def load(self) -> None:
+        with _loads_lock:
+            ATTEMPTS[self.spec.id] += 1
+        folder = sources.resolve(self.spec.source, dict(self.context.source_roots))
+        try:
+            config = json.loads((folder / "ballast.json").read_text())
+            size, delay, factor = int(config["bytes"]), float(config.get("load_delay_s", 0)), float(config.get("factor", 2))
+        except FileNotFoundError:
+            raise errors.ModelLoadFailed(f"{folder / 'ballast.json'} is missing") from None
+        except (ValueError, KeyError, TypeError) as exc:
+            raise errors.ModelLoadFailed(f"{folder / 'ballast.json'} is corrupt: {exc}") from None
+        with _loads_lock:
+            LOADS[self.spec.id] += 1
+        time.sleep(delay)
+        self._data = np.ones(size, dtype=np.uint8)
+        self._factor = factor
+
+    def predict(self, input_data: Any) -> Any:
+        if not isinstance(input_data, list) or not all(isinstance(x, (int, float)) for x in input_data):
+            raise errors.BadInput("input_data must be a list of numbers")
+        return {"model": self.spec.id, "scaled": [x * self._factor for x in input_data]}
+
+    def infer(self, inputs: dict[str, np.ndarray], parameters: dict[str, Any]) -> dict[str, np.ndarray]:
+        tensor = inputs.get("INPUT0")
+        if tensor is None:
+            raise errors.BadInput(f"model {self.spec.id!r} expects input 'INPUT0', got {sorted(inputs)}")
+        if tensor.dtype != np.float32:
+            raise errors.BadInput(f"input 'INPUT0' must be FP32, got {tensor.dtype}")
+        return {
+            "OUTPUT0": (tensor * self._factor).astype(np.float32),
+            "MODEL": np.array([self.spec.id.encode()], dtype=np.object_),
+        }
+
+    def inputs(self) -> list[TensorSpec]:
+        return [TensorSpec("INPUT0", "FP32", [-1])]
+
+    def outputs(self) -> list[TensorSpec]:
+        return [TensorSpec("OUTPUT0", "FP32", [-1]), TensorSpec("MODEL", "BYTES", [1])]
+
+    def unload(self) -> None:
+        self._data = None
+        with _loads_lock:
+            UNLOADS[self.spec.id] += 1
+
+    def measured_bytes(self) -> int:
+        return 0 if self._data is None else int(self._data.nbytes)
+
+
+MiB = 2**20
+
+
+def catalog(root: Path, models: dict[str, dict[str, Any]]) -> MemoryModelStore:
+    """A store of ballast models: ``{"a": {"size": MiB, "delay": 0.2, "memory": "1Mi", "pinned": True}}``.
+
+    A model with ``"missing": True`` has no file; ``"corrupt": True`` has a broken one.
+    """
+    store = MemoryModelStore()
+    for model_id, options in models.items():
+        folder = root / model_id
+        if options.get("missing"):
+            folder.mkdir(parents=True, exist_ok=True)
+        elif options.get("corrupt"):
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "ballast.json").write_text('{"bytes": ')
+        else:
+            write_model(folder, options.get("size", MiB), options.get("delay", 0.0), options.get("factor", 2.0))
+        store.put(make_spec(model_id, folder, memory=options.get("memory", 0), pinned=options.get("pinned", False)))
+    return store
+
+
+def manager(store: MemoryModelStore, budget: int, **options: Any) -> ModelManager:
+    """A real ModelManager whose every model is a ballast model."""
+    return ModelManager(store, WorkerContext(), budget, create_worker=create_worker, **options)

@@ -1,0 +1,150 @@
+#!/usr/bin/env python3
+"""Cold-start rate under a seeded Zipf workload: router placement vs random routing vs whole-cluster LRU vs Belady.
+
+A simulation that drives the router's real placement code
+(``placement.place_cold`` over ``PodRoom`` snapshots, with the same LRU
+eviction order the worker's manager uses) on the same request sequence as:
+
+- random routing: each request goes to a uniformly random worker, whose own
+  LRU cache loads the model on a miss (what a plain load balancer does);
+- one LRU cache as large as the whole cluster (the best a single shared
+  cache can do online);
+- Belady's offline optimum with the same total room (the floor no online
+  policy beats).
+
+A "cold start" is a request that needed a load. Models are equal-sized here
+so the whole-cluster caches are comparable slot for slot; the router's own
+pods still work in bytes. ``--real`` instead runs the router against real
+worker processes (see router_cold_start_real in docs/benchmarks.md).
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import random
+from typing import Iterable, Sequence
+
+from modelplane_router import placement
+
+MODEL_BYTES = 100 * 2**20
+
+
+def zipf_trace(models: int, requests: int, s: float, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    names = [f"model-{i:02d}" for i in range(models)]
+    rng.shuffle(names)  # popularity is not alphabetical
+    weights = [1.0 / (rank + 1) ** s for rank in range(models)]
+    return rng.choices(names, weights=weights, k=requests)
+
+
+class LruPod:
+    """A worker's cache as the manager runs it: bytes budget, evict least recently used first."""
+
+    def __init__(self, url: str, budget: int) -> None:
+        self.url = url
+        self.budget = budget
+        self.last_used: collections.OrderedDict[str, float] = collections.OrderedDict()
+        self.loaded_at: dict[str, float] = {}
+        self.loads = 0
+
+    def free(self) -> int:
+        return self.budget - MODEL_BYTES * len(self.last_used)
+
+    def serve(self, model: str, now: float) -> bool:
+        """Serve one request; True if it needed a load."""
+        cold = model not in self.last_used
+        if cold:
+            while self.free() < MODEL_BYTES:
+                victim, _ = self.last_used.popitem(last=False)
+                self.loaded_at.pop(victim, None)
+            self.loads += 1
+            self.loaded_at[model] = now
+        self.last_used[model] = now
+        self.last_used.move_to_end(model)
+        return cold
+
+    def room(self, now: float) -> placement.PodRoom:
+        copies = tuple(
+            placement.ResidentCopy(m, MODEL_BYTES, idle_s=now - used, age_s=now - self.loaded_at[m])
+            for m, used in self.last_used.items()
+        )
+        return placement.PodRoom(self.url, self.url, self.free(), self.budget, "", copies)
+
+
+def router_loads(trace: Sequence[str], workers: int, slots: int) -> int:
+    """Requests go where the model is; a cold model goes where the real placement code says."""
+    pods = [LruPod(f"http://worker-{i}", slots * MODEL_BYTES) for i in range(workers)]
+    by_url = {p.url: p for p in pods}
+    settings = placement.PlacementSettings(granularity_bytes=1, churn_guard_s=0.0, recency_scale_s=50.0)
+    cold = 0
+    for now, model in enumerate(trace):
+        holder = next((p for p in pods if model in p.last_used), None)
+        if holder is None:
+            decision = placement.place_cold(model, MODEL_BYTES, [p.room(float(now)) for p in pods], settings)
+            holder = by_url[decision.url]
+        cold += holder.serve(model, float(now))
+    return cold
+
+
+def random_routing_loads(trace: Sequence[str], workers: int, slots: int, seed: int) -> int:
+    rng = random.Random(seed + 1)
+    pods = [LruPod(f"http://worker-{i}", slots * MODEL_BYTES) for i in range(workers)]
+    return sum(rng.choice(pods).serve(model, float(now)) for now, model in enumerate(trace))
+
+
+def lru_loads(trace: Iterable[str], capacity: int) -> int:
+    pod = LruPod("http://cluster", capacity * MODEL_BYTES)
+    return sum(pod.serve(model, float(now)) for now, model in enumerate(trace))
+
+
+def belady_loads(trace: Sequence[str], capacity: int) -> int:
+    """Offline optimum: on a miss with a full cache, evict the model used furthest in the future."""
+    next_use: list[float] = [0.0] * len(trace)
+    seen: dict[str, int] = {}
+    for i in range(len(trace) - 1, -1, -1):
+        next_use[i] = seen.get(trace[i], float("inf"))
+        seen[trace[i]] = i
+    cache: dict[str, float] = {}
+    loads = 0
+    for i, model in enumerate(trace):
+        if model not in cache:
+            loads += 1
+            if len(cache) >= capacity:
+                victim = max(cache, key=cache.__getitem__)
+                del cache[victim]
+        cache[model] = next_use[i]
+    return loads
+
+
+def run(models: int, workers: int, slots: int, requests: int, s: float, seed: int) -> dict[str, int]:
+    trace = zipf_trace(models, requests, s, seed)
+    return {
+        "router": router_loads(trace, workers, slots),
+        "random": random_routing_loads(trace, workers, slots, seed),
+        "lru": lru_loads(trace, workers * slots),
+        "belady": belady_loads(trace, workers * slots),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", type=int, default=30)
+    parser.add_argument("--workers", type=int, default=3)
+    parser.add_argument("--requests", type=int, default=3000)
+    parser.add_argument("--zipf", type=float, default=1.0)
+    parser.add_argument("--seed", type=int, default=42)
+    args = parser.parse_args()
+    print(f"cold-start rate: Zipf({args.zipf}) over {args.models} models, {args.requests} requests, "
+          f"{args.workers} workers, seed {args.seed} (simulation driving the router's real placement code)")
+    print(f"{'slots/worker':>12}{'router':>10}{'random':>10}{'LRU(all)':>10}{'Belady':>10}{'router/LRU':>12}{'random/router':>15}")
+    for slots in (2, 4, 6):
+        r = run(args.models, args.workers, slots, args.requests, args.zipf, args.seed)
+        share = {k: v / args.requests for k, v in r.items()}
+        print(f"{slots:>12}{share['router']:>10.1%}{share['random']:>10.1%}{share['lru']:>10.1%}{share['belady']:>10.1%}"
+              f"{r['router'] / r['lru']:>12.2f}{r['random'] / r['router']:>15.2f}")
+    check = run(12, 1, 6, 600, 1.0, args.seed)
+    print(f"scale check (12 models, 600 requests, 6 slots): LRU {check['lru'] / 600:.1%}, Belady {check['belady'] / 600:.1%}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,279 @@
+#!/usr/bin/env python3
+"""Start a local modelplane stack on 127.0.0.1: a router in front of two workers, each with its own Triton sidecar.
+
+``make run`` runs this file: it waits until the stack is ready, prints where
+to send requests and an example curl, and stops every process it started (by
+pid) on Ctrl-C. Tests and benchmarks import it (``start_stack``,
+``start_worker``, ``start_router``) to get the same real processes.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclasses.dataclass
+class Process:
+    """A child process started by this module, with its log file."""
+
+    name: str
+    popen: subprocess.Popen
+    log_path: Path
+    url: str = ""
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """SIGTERM, then SIGKILL after `timeout_s`, of this pid only."""
+        if self.popen.poll() is not None:
+            return
+        self.popen.send_signal(signal.SIGTERM)
+        try:
+            self.popen.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait(5)
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would."""
+        if self.popen.poll() is None:
+            self.popen.kill()
+            self.popen.wait(5)
+
+
+def spawn(name: str, argv: Sequence[str], log_dir: Path, env: dict[str, str] | None = None, url: str = "") -> Process:
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / f"{name}.log"
+    log_file = open(log_path, "wb")
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    popen = subprocess.Popen(list(argv), stdout=log_file, stderr=subprocess.STDOUT, env=full_env, cwd=ROOT)
+    log_file.close()
+    return Process(name, popen, log_path, url)
+
+
+def wait_http(process: Process, path: str, deadline_s: float = 60.0, expect: int = 200) -> None:
+    """Poll `process.url + path` until it answers `expect`; fail with the log if it dies or times out."""
+    end = time.monotonic() + deadline_s
+    last = ""
+    while time.monotonic() < end:
+        if not process.alive():
+            raise RuntimeError(f"{process.name} exited with {process.popen.returncode}:\n{process.log_tail()}")
+        try:
+            response = httpx.get(process.url + path, timeout=2.0)
+            if response.status_code == expect:
+                return
+            last = f"HTTP {response.status_code} {response.text[:200]}"
+        except httpx.HTTPError as exc:
+            last = repr(exc)
+        time.sleep(0.1)
+    raise TimeoutError(f"{process.name} not ready at {process.url + path} after {deadline_s}s ({last}):\n{process.log_tail()}")
+
+
+def start_triton(name: str, repository: Path, log_dir: Path) -> Process:
+    """A real tritonserver through the project's sidecar launcher, on free loopback ports."""
+    repository.mkdir(parents=True, exist_ok=True)
+    http_port = free_port()
+    argv = [str(BIN / "modelplane-triton"), "--model-repository", str(repository), "--host", "127.0.0.1",
+            "--http-port", str(http_port), "--grpc-port", str(free_port()), "--metrics-port", str(free_port())]
+    return spawn(name, argv, log_dir, url=f"http://127.0.0.1:{http_port}")
+
+
+def start_worker(
+    name: str,
+    model_store: Path,
+    log_dir: Path,
+    memory_budget: str = "2Gi",
+    triton: Process | None = None,
+    triton_repository: Path | None = None,
+    port: int | None = None,
+    extra_args: Sequence[str] = (),
+    launcher: Sequence[str] | None = None,
+) -> Process:
+    """A real ``modelplane-worker`` process (or `launcher`, which takes the same arguments)."""
+    port = port or free_port()
+    argv = list(launcher or [str(BIN / "modelplane-worker")])
+    argv += ["--model-store", str(model_store), "--host", "127.0.0.1", "--port", str(port),
+             "--memory-budget", memory_budget, "--pod-name", name,
+             "--triton-url", triton.url.removeprefix("http://") if triton else ""]
+    if triton_repository is not None:
+        argv += ["--triton-repository", str(triton_repository)]
+    argv += list(extra_args)
+    return spawn(name, argv, log_dir, url=f"http://127.0.0.1:{port}")
+
+
+def start_router(
+    worker_urls: Sequence[str],
+    log_dir: Path,
+    port: int | None = None,
+    model_store: Path | None = None,
+    extra_args: Sequence[str] = (),
+    name: str = "router",
+) -> Process:
+    port = port or free_port()
+    argv = [str(BIN / "modelplane-router"), "--workers", ",".join(worker_urls), "--host", "127.0.0.1", "--port", str(port)]
+    if model_store is not None:
+        argv += ["--model-store", str(model_store)]
+    argv += list(extra_args)
+    return spawn(name, argv, log_dir, url=f"http://127.0.0.1:{port}")
+
+
+@dataclasses.dataclass
+class Stack:
+    router: Process | None
+    workers: list[Process]
+    sidecars: list[Process]
+
+    @property
+    def processes(self) -> list[Process]:
+        return [p for p in (self.router, *self.workers, *self.sidecars) if p is not None]
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.processes]
+
+    def stop(self) -> None:
+        """Router first, then workers, then sidecars: each by its own pid."""
+        for process in self.processes:
+            with contextlib.suppress(Exception):
+                process.stop()
+
+
+def start_stack(
+    model_store: Path = ROOT / "build/models/model-store.json",
+    workers: int = 2,
+    router_port: int | None = 8080,
+    with_triton: bool = True,
+    memory_budget: str = "2Gi",
+    work_dir: Path = ROOT / "build/stack",
+    router_args: Sequence[str] = (),
+    worker_args: Sequence[str] = (),
+    worker_launcher: Sequence[str] | None = None,
+    deadline_s: float = 120.0,
+) -> Stack:
+    """Start sidecars, workers and the router; return once all are ready (stop everything on failure)."""
+    log_dir = work_dir / "logs"
+    stack = Stack(router=None, workers=[], sidecars=[])
+    try:
+        for i in range(workers):
+            name = f"worker-{i + 1}"
+            repository = work_dir / name / "triton-repository"
+            if repository.exists():
+                shutil.rmtree(repository)
+            sidecar = start_triton(f"{name}-triton", repository, log_dir) if with_triton else None
+            if sidecar:
+                stack.sidecars.append(sidecar)
+            stack.workers.append(start_worker(name, model_store, log_dir, memory_budget, sidecar,
+                                              repository if sidecar else None, extra_args=worker_args,
+                                              launcher=worker_launcher))
+        for sidecar in stack.sidecars:
+            wait_http(sidecar, "/v2/health/ready", deadline_s)
+        for worker in stack.workers:
+            wait_http(worker, "/v2/health/ready", deadline_s)
+        stack.router = start_router([w.url for w in stack.workers], log_dir, router_port, model_store, router_args)
+        wait_http(stack.router, "/v2/health/ready", deadline_s)
+    except BaseException:
+        stack.stop()
+        raise
+    return stack
+
+
+@contextlib.contextmanager
+def running_stack(**options) -> Iterator[Stack]:
+    stack = start_stack(**options)
+    try:
+        yield stack
+    finally:
+        stack.stop()
+
+
+def example_request(model_store: Path) -> tuple[str, dict]:
+    """An example /predict body for the first sample model the store names."""
+    models = json.loads(model_store.read_text()).get("models", [])
+    by_framework = {m.get("framework"): m for m in models}
+    if "transformers" in by_framework:
+        return by_framework["transformers"]["id"], {"input_data": "a wonderful little model"}
+    if "triton" in by_framework:
+        return by_framework["triton"]["id"], {"input_data": [[5.1, 3.5, 1.4, 0.2]]}
+    model = models[0] if models else {"id": "MODEL"}
+    return model["id"], {"input_data": [1.0, 2.0]}
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--port", type=int, default=int(os.environ.get("MODELPLANE_ROUTER_PORT", "8080")))
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--memory-budget", default="2Gi")
+    parser.add_argument("--model-store", type=Path, default=ROOT / "build/models/model-store.json")
+    parser.add_argument("--no-triton", action="store_true", help="start workers without Triton sidecars")
+    args = parser.parse_args(argv)
+    if not args.model_store.exists():
+        raise SystemExit(f"{args.model_store} is missing: run `.venv/bin/modelplane-samples --out build/models` first")
+    print(f"starting router on 127.0.0.1:{args.port} and {args.workers} workers (logs in build/stack/logs) ...", flush=True)
+    stack = start_stack(args.model_store, args.workers, args.port, not args.no_triton, args.memory_budget)
+    stop_requested = False
+
+    def request_stop(*_: object) -> None:
+        nonlocal stop_requested
+        stop_requested = True
+
+    signal.signal(signal.SIGTERM, request_stop)
+    model, body = example_request(args.model_store)
+    url = stack.router.url
+    print(f"\nmodelplane is ready: router {url}")
+    for worker, sidecar in zip(stack.workers, stack.sidecars or [None] * len(stack.workers)):
+        print(f"  {worker.name}: {worker.url} (pid {worker.pid})" + (f", triton {sidecar.url} (pid {sidecar.pid})" if sidecar else ""))
+    print("\ntry:")
+    print(f"  curl -s {url}/models")
+    print(f"  curl -s -X POST {url}/predict -H 'content-type: application/json' -d '{json.dumps({'model_id': model, **body})}'")
+    print(f"  curl -s {url}/v2/models/{model}")
+    print("\nCtrl-C stops every process started here.", flush=True)
+    try:
+        while not stop_requested:
+            dead = [p for p in stack.processes if not p.alive()]
+            if dead:
+                print(f"{dead[0].name} exited unexpectedly:\n{dead[0].log_tail()}", file=sys.stderr)
+                break
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        print("\nstopping ...", flush=True)
+        stack.stop()
+
+
+if __name__ == "__main__":
+    main()

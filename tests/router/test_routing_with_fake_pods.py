@@ -1,0 +1,172 @@
+"""Routing decisions against fake pods (one function under test: Router; no servers).
+
+The real-process versions of these behaviours are in test_gateway_*.py.
+"""
+from __future__ import annotations
+
+import asyncio
+import random
+
+import httpx
+import pytest
+
+from modelplane_common import errors
+from modelplane_common.wire import CatalogEntry, CopyState, ModelCopy, WorkerStatus
+from modelplane_router.discovery import StaticDiscovery
+from modelplane_router.model_map import ModelMap
+from modelplane_router.placement import PlacementSettings
+from modelplane_router.replication import ModelLimits, ReplicationPolicy, ReplicationSettings
+from modelplane_router.routing import Router
+from modelplane_router.status_sync import StatusSync
+from modelplane_router.telemetry import RouterMetrics
+from modelplane_router.upstream import PodUnreachable
+
+MiB = 2**20
+
+
+class FakePod:
+    def __init__(self, url: str, budget: int, catalog: dict[str, int]) -> None:
+        self.url = url
+        self.budget = budget
+        self.catalog = catalog
+        self.loaded: dict[str, int] = {}
+        self.loads: list[str] = []
+        self.served: list[str] = []
+        self.down = False
+        self.fail_with: int | None = None
+
+    def status(self) -> WorkerStatus:
+        used = sum(self.loaded.values())
+        return WorkerStatus(
+            pod=self.url.removeprefix("http://"), ready=True, triton_ready=True, memory_budget_bytes=self.budget,
+            used_bytes=used, free_bytes=self.budget - used,
+            models=[ModelCopy(id=m, framework="torchvision", state=CopyState.READY, bytes=b, loaded_at_s=999) for m, b in self.loaded.items()],
+            catalog=[CatalogEntry(id=m, framework="torchvision", memory_bytes=b) for m, b in self.catalog.items()],
+        )
+
+
+class FakeClient:
+    """Stands in for WorkerClient: same four calls, in-memory pods."""
+
+    def __init__(self, pods: list[FakePod], load_delay_s: float = 0.0) -> None:
+        self.pods = {p.url: p for p in pods}
+        self.load_delay_s = load_delay_s
+
+    def _pod(self, url: str) -> FakePod:
+        pod = self.pods[url]
+        if pod.down:
+            raise PodUnreachable(url, ConnectionRefusedError())
+        return pod
+
+    async def status(self, url: str) -> WorkerStatus:
+        return self._pod(url).status()
+
+    async def load(self, url: str, model: str) -> None:
+        pod = self._pod(url)
+        await asyncio.sleep(self.load_delay_s)
+        pod.loads.append(model)
+        pod.loaded[model] = pod.catalog[model]
+
+    async def unload(self, url: str, model: str) -> None:
+        self._pod(url).loaded.pop(model, None)
+
+    async def forward(self, url, method, path, body, headers) -> httpx.Response:
+        pod = self._pod(url)
+        pod.served.append(path)
+        if pod.fail_with:
+            return httpx.Response(pod.fail_with, json={"error": "boom"})
+        return httpx.Response(200, json={"pod": url})
+
+
+def build(pods: list[FakePod], load_delay_s: float = 0.0) -> tuple[Router, ModelMap, FakeClient]:
+    client = FakeClient(pods, load_delay_s)
+    model_map = ModelMap()
+    sync = StatusSync(model_map, client, StaticDiscovery([p.url for p in pods]))  # type: ignore[arg-type]
+    router = Router(model_map, client, sync, ReplicationPolicy(ReplicationSettings()), lambda m: ModelLimits(0, 2),  # type: ignore[arg-type]
+                    RouterMetrics(), PlacementSettings(granularity_bytes=1), random.Random(1))
+    return router, model_map, client
+
+
+CATALOG = {"a": 100 * MiB, "b": 300 * MiB, "c": 100 * MiB}
+
+
+async def test_model_loaded_on_pod_two_is_sent_there_and_not_loaded_again():
+    p1, p2 = FakePod("http://p1", 1000 * MiB, CATALOG), FakePod("http://p2", 1000 * MiB, CATALOG)
+    p2.loaded["a"] = 100 * MiB
+    router, _, _ = build([p1, p2])
+    await router.sync.refresh_all()
+    for _ in range(5):
+        response = await router.forward("a", "POST", "/predict", b"{}", {})
+        assert response.json() == {"pod": "http://p2"}
+    assert p1.loads == [] and p2.loads == [] and p1.served == []
+
+
+async def test_twenty_concurrent_requests_for_a_cold_model_cause_one_load():
+    pods = [FakePod("http://p1", 1000 * MiB, CATALOG), FakePod("http://p2", 1000 * MiB, CATALOG)]
+    router, _, _ = build(pods, load_delay_s=0.05)
+    await router.sync.refresh_all()
+    answers = await asyncio.gather(*(router.forward("b", "POST", "/predict", b"{}", {}) for _ in range(20)))
+    assert all(a.status_code == 200 for a in answers)
+    assert sorted(pods[0].loads + pods[1].loads) == ["b"]
+
+
+async def test_cold_model_lands_on_the_best_fitting_pod():
+    roomy, tight = FakePod("http://roomy", 2000 * MiB, CATALOG), FakePod("http://tight", 1000 * MiB, CATALOG)
+    tight.loaded["c"] = 100 * MiB  # 900 MiB free vs 2000 MiB free
+    router, _, _ = build([roomy, tight])
+    await router.sync.refresh_all()
+    await router.forward("b", "POST", "/predict", b"{}", {})
+    assert tight.loads == ["b"] and roomy.loads == []
+
+
+async def test_a_dead_pod_is_skipped_and_leaves_the_map():
+    p1, p2 = FakePod("http://p1", 1000 * MiB, CATALOG), FakePod("http://p2", 1000 * MiB, CATALOG)
+    p1.loaded["a"] = p2.loaded["a"] = 100 * MiB
+    router, model_map, _ = build([p1, p2])
+    await router.sync.refresh_all()
+    p1.down = True
+    for _ in range(6):
+        assert (await router.forward("a", "POST", "/predict", b"{}", {})).json() == {"pod": "http://p2"}
+    assert [p.url for p in model_map.pods()] == ["http://p2"]
+
+
+async def test_a_5xx_is_retried_once_on_another_copy():
+    p1, p2 = FakePod("http://p1", 1000 * MiB, CATALOG), FakePod("http://p2", 1000 * MiB, CATALOG)
+    p1.loaded["a"] = p2.loaded["a"] = 100 * MiB
+    p1.fail_with = 500
+    router, model_map, _ = build([p1, p2])
+    await router.sync.refresh_all()
+    for _ in range(4):
+        assert (await router.forward("a", "POST", "/predict", b"{}", {})).status_code == 200
+    assert model_map.ready_copies("a") == ["http://p2"]  # skipped until p1's next report
+
+
+async def test_a_4xx_from_the_worker_is_not_retried():
+    p1, p2 = FakePod("http://p1", 1000 * MiB, CATALOG), FakePod("http://p2", 1000 * MiB, CATALOG)
+    p1.loaded["a"] = p2.loaded["a"] = 100 * MiB
+    p1.fail_with = p2.fail_with = 400
+    router, _, _ = build([p1, p2])
+    await router.sync.refresh_all()
+    assert (await router.forward("a", "POST", "/predict", b"{}", {})).status_code == 400
+    assert len(p1.served) + len(p2.served) == 1
+
+
+async def test_unknown_model_is_404_and_no_room_is_503_with_retry_after():
+    router, _, _ = build([FakePod("http://p1", 200 * MiB, CATALOG)])
+    await router.sync.refresh_all()
+    with pytest.raises(errors.ModelNotFound, match="'nope'"):
+        await router.forward("nope", "POST", "/predict", b"{}", {})
+    with pytest.raises(errors.NoCapacity, match="no worker pod has room for 'b'") as caught:
+        await router.forward("b", "POST", "/predict", b"{}", {})
+    assert "Retry-After" in caught.value.headers
+
+
+async def test_power_of_two_choices_prefers_the_idle_copy():
+    pods = [FakePod(f"http://p{i}", 1000 * MiB, CATALOG) for i in range(2)]
+    for p in pods:
+        p.loaded["a"] = 100 * MiB
+    router, model_map, _ = build(pods)
+    await router.sync.refresh_all()
+    for _ in range(5):
+        model_map.begin_request("http://p0", "a")
+    assert {router.choose_copy("a", ["http://p0", "http://p1"]) for _ in range(20)} == {"http://p1"}

@@ -1,0 +1,64 @@
+"""Turn a model's source URI into a local folder the framework can read.
+
+Only schemes a pod can read offline exist: ``file:///abs/path`` and
+``pvc://claim/sub/path`` (a PersistentVolumeClaim mounted into the pod at a
+folder named by ``WorkerContext.source_roots``). A source can never point
+outside its root, however its path is spelled.
+"""
+from __future__ import annotations
+
+from pathlib import Path, PurePosixPath
+from urllib.parse import unquote
+
+from modelplane_common import errors
+
+
+def resolve(uri: str, source_roots: dict[str, Path]) -> Path:
+    """Return the existing local path of `uri`; ModelLoadFailed names what is wrong."""
+    scheme, sep, rest = uri.partition("://")
+    if not sep:
+        raise errors.ModelLoadFailed(f"source {uri!r} has no scheme; expected file:// or pvc://")
+    rest = unquote(rest)
+    if scheme == "file":
+        path = _file_path(uri, rest)
+    elif scheme == "pvc":
+        path = _pvc_path(uri, rest, source_roots)
+    else:
+        raise errors.ModelLoadFailed(f"source scheme {scheme!r} of {uri!r} is not supported; expected file:// or pvc://")
+    if not path.exists():
+        raise errors.ModelLoadFailed(f"model source {uri!r} not found: {path} does not exist")
+    return path
+
+
+def _refuse_traversal(uri: str, relative: str) -> PurePosixPath:
+    parts = PurePosixPath(relative).parts
+    if ".." in parts:
+        raise errors.ModelLoadFailed(f"source {uri!r} must not contain '..'")
+    return PurePosixPath(*[p for p in parts if p not in ("/", ".")]) if parts else PurePosixPath()
+
+
+def _file_path(uri: str, rest: str) -> Path:
+    # file:///abs/path -> rest "/abs/path"; file://localhost/abs/path is also standard.
+    if rest.startswith("localhost/"):
+        rest = rest[len("localhost"):]
+    if not rest.startswith("/"):
+        raise errors.ModelLoadFailed(f"file source {uri!r} must be an absolute path (file:///abs/path)")
+    _refuse_traversal(uri, rest)
+    return Path(rest)
+
+
+def _pvc_path(uri: str, rest: str, source_roots: dict[str, Path]) -> Path:
+    claim, _, sub = rest.partition("/")
+    if not claim:
+        raise errors.ModelLoadFailed(f"pvc source {uri!r} names no claim (pvc://claim/path)")
+    root = source_roots.get(claim)
+    if root is None:
+        known = ", ".join(sorted(source_roots)) or "none"
+        raise errors.ModelLoadFailed(f"pvc claim {claim!r} of {uri!r} is not mounted in this pod (mounted: {known})")
+    relative = _refuse_traversal(uri, sub)
+    root = Path(root).resolve()
+    path = (root / relative).resolve()
+    # Symlinks inside the volume must not lead out of it either.
+    if path != root and root not in path.parents:
+        raise errors.ModelLoadFailed(f"source {uri!r} resolves outside its volume {root}")
+    return path

@@ -1,0 +1,289 @@
+"""Make the sample models offline, saved the way users' models are saved.
+
+No model hub is reachable, so the install step builds small real models
+(random weights from a fixed seed, so outputs are reproducible) and a
+``model-store.json`` listing them. They are loaded later through the same
+loading code a user's model goes through. Each model is written to a temporary
+folder and renamed into place, so an interrupted or concurrent run never
+leaves a half-written model; a second run skips what is already there.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+# Bump when a generator changes, so an old build/models is regenerated.
+SAMPLES_VERSION = "1"
+MARKER = ".modelplane-sample"
+STORE_FILE = "model-store.json"
+
+SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+WORDS = """
+a an the this that these those it is was are were be been am i you he she we they me my your our their
+and or but not no never very so too really quite just more most less least all some any
+good great excellent amazing wonderful love loved lovely like liked best fantastic perfect happy fun nice
+bad terrible awful horrible hate hated worst boring poor sad ugly disappointing broken slow waste
+movie film book food service product day time place story acting music price quality experience
+of in on at to for with from by about as if then than when what which who how why where
+do does did have has had will would can could should make made get got go went see saw think thought
+""".split()
+IMAGE_LABELS = ["red", "green", "blue", "black", "white"]
+# Iris class centroids (sepal length, sepal width, petal length, petal width) in cm.
+IRIS_CENTROIDS = {
+    "setosa": [5.006, 3.428, 1.462, 0.246],
+    "versicolor": [5.936, 2.770, 4.260, 1.326],
+    "virginica": [6.588, 2.974, 5.552, 2.026],
+}
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One sample model: how to build its folder and how the store describes it."""
+
+    id: str
+    framework: str
+    task: str
+    type: str
+    description: str
+    build: Callable[[Path], None]
+
+
+def build_vocab() -> dict[str, int]:
+    """A WordPiece vocabulary: special tokens, single characters (so any word tokenizes), words."""
+    characters = list("abcdefghijklmnopqrstuvwxyz0123456789.,!?'-")
+    tokens = SPECIAL_TOKENS + characters + [f"##{c}" for c in characters] + WORDS
+    return {token: index for index, token in enumerate(dict.fromkeys(tokens))}
+
+
+def _save_tokenizer(folder: Path) -> int:
+    from transformers import BertTokenizer
+
+    vocab = build_vocab()
+    tokenizer = BertTokenizer(vocab=vocab, do_lower_case=True)
+    tokenizer.model_max_length = 128
+    tokenizer.save_pretrained(str(folder))
+    return len(vocab)
+
+
+def _tiny_bert_config(vocab_size: int, **extra: object):  # -> BertConfig
+    from transformers import BertConfig
+
+    return BertConfig(
+        vocab_size=vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=64, max_position_embeddings=128, **extra,
+    )
+
+
+def build_sentiment(folder: Path) -> None:
+    """A tiny BERT sequence classifier with labels negative/positive."""
+    import torch
+    from transformers import BertForSequenceClassification
+
+    vocab_size = _save_tokenizer(folder)
+    torch.manual_seed(0)
+    config = _tiny_bert_config(
+        vocab_size, num_labels=2, id2label={0: "negative", 1: "positive"}, label2id={"negative": 0, "positive": 1},
+    )
+    BertForSequenceClassification(config).eval().save_pretrained(str(folder))
+
+
+def build_embedding(folder: Path) -> None:
+    """A tiny BERT encoder for sentence embeddings (mean pooling happens in the worker)."""
+    import torch
+    from transformers import BertModel
+
+    vocab_size = _save_tokenizer(folder)
+    torch.manual_seed(1)
+    BertModel(_tiny_bert_config(vocab_size), add_pooling_layer=False).eval().save_pretrained(str(folder))
+
+
+def build_image_classifier(folder: Path) -> None:
+    """A torchvision MobileNetV2 with five classes: state dict plus model.json describing it."""
+    import torch
+    import torchvision
+
+    torch.manual_seed(2)
+    model = torchvision.models.get_model("mobilenet_v2", weights=None, num_classes=len(IMAGE_LABELS)).eval()
+    torch.save(model.state_dict(), folder / "weights.pt")
+    description = {
+        "architecture": "mobilenet_v2",
+        "num_classes": len(IMAGE_LABELS),
+        "labels": IMAGE_LABELS,
+        "image_size": [64, 64],
+        "mean": [0.485, 0.456, 0.406],
+        "std": [0.229, 0.224, 0.225],
+    }
+    (folder / "model.json").write_text(json.dumps(description, indent=2) + "\n")
+
+
+IRIS_CONFIG = """\
+name: "{name}"
+backend: "python"
+max_batch_size: 64
+input [
+  {{
+    name: "measurements"
+    data_type: TYPE_FP32
+    dims: [ 4 ]
+  }}
+]
+output [
+  {{
+    name: "species_probabilities"
+    data_type: TYPE_FP32
+    dims: [ 3 ]
+  }}
+]
+instance_group [ {{ kind: KIND_CPU, count: 1 }} ]
+"""
+
+IRIS_MODEL_PY = '''\
+"""Iris species from four flower measurements: a nearest-centroid softmax in numpy.
+
+A Triton Python-backend model: Triton runs it in its own stub process, so it
+imports only what the Triton-side environment has (numpy).
+"""
+import json
+import os
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        folder = os.path.join(args["model_repository"], args["model_version"])
+        with open(os.path.join(folder, "centroids.json")) as f:
+            table = json.load(f)
+        self.species = list(table)
+        self.centroids = np.asarray([table[s] for s in self.species], dtype=np.float32)
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "measurements").as_numpy().astype(np.float32)
+            distances = ((x[:, None, :] - self.centroids[None, :, :]) ** 2).sum(axis=2)
+            logits = -distances
+            logits -= logits.max(axis=1, keepdims=True)
+            probabilities = np.exp(logits)
+            probabilities /= probabilities.sum(axis=1, keepdims=True)
+            out = pb_utils.Tensor("species_probabilities", probabilities.astype(np.float32))
+            responses.append(pb_utils.InferenceResponse(output_tensors=[out]))
+        return responses
+'''
+
+
+def build_iris(folder: Path, name: str = "iris") -> None:
+    """A Triton Python-backend model whose tensor names are not Triton's defaults."""
+    (folder / "config.pbtxt").write_text(IRIS_CONFIG.format(name=name))
+    version = folder / "1"
+    version.mkdir()
+    (version / "model.py").write_text(IRIS_MODEL_PY)
+    (version / "centroids.json").write_text(json.dumps(IRIS_CENTROIDS, indent=2) + "\n")
+    (folder / "labels.txt").write_text("\n".join(IRIS_CENTROIDS) + "\n")
+
+
+SAMPLES: list[Sample] = [
+    Sample("sentiment", "transformers", "text-classification", "nlp",
+           "Tiny BERT sentiment classifier (random weights, fixed seed): negative/positive.", build_sentiment),
+    Sample("mini-embed", "transformers", "embedding", "nlp",
+           "Tiny BERT sentence encoder, mean pooled and normalised (random weights, fixed seed).", build_embedding),
+    Sample("colors", "torchvision", "image-classification", "vision",
+           "MobileNetV2 image classifier with five colour classes (random weights, fixed seed).",
+           build_image_classifier),
+    Sample("iris", "triton", "tensor", "tabular",
+           "Triton Python-backend iris classifier: measurements [-1,4] -> species_probabilities [-1,3].", build_iris),
+]
+
+# Triton runs a model in a separate stub process; its files say little about its memory.
+TRITON_ESTIMATE_BYTES = 64 * 2**20
+
+
+def folder_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def memory_estimate(sample: Sample, folder: Path) -> str:
+    """A first estimate for placement (the measured size after load replaces it)."""
+    if sample.framework == "triton":
+        return f"{TRITON_ESTIMATE_BYTES // 2**20}Mi"
+    # Weights plus room for activations and the framework's own buffers.
+    mebibytes = math.ceil(folder_bytes(folder) * 1.5 / 2**20) + 16
+    return f"{mebibytes}Mi"
+
+
+def ensure_sample(sample: Sample, out: Path) -> Path:
+    """Build one sample unless it is already there at this version; atomic via rename."""
+    target = out / sample.id
+    marker = target / MARKER
+    if marker.is_file() and marker.read_text().strip() == SAMPLES_VERSION:
+        return target
+    staging = Path(tempfile.mkdtemp(prefix=f".{sample.id}-", dir=out))
+    try:
+        sample.build(staging)
+        (staging / MARKER).write_text(SAMPLES_VERSION + "\n")
+        staging.chmod(0o755)  # mkdtemp makes it private; the sidecar may run as another user
+        if target.exists():
+            stale = out / f".{sample.id}-stale-{os.getpid()}"
+            target.rename(stale)
+            shutil.rmtree(stale, ignore_errors=True)
+        try:
+            staging.rename(target)
+        except OSError:
+            # A concurrent run won the race; its copy is as good as ours.
+            if not (marker.is_file() and marker.read_text().strip() == SAMPLES_VERSION):
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def store_entry(sample: Sample, folder: Path) -> dict[str, object]:
+    return {
+        "id": sample.id,
+        "name": sample.id,
+        "type": sample.type,
+        "framework": sample.framework,
+        "task": sample.task,
+        "version": "1",
+        "description": sample.description,
+        "source": folder.resolve().as_uri(),
+        "memory": memory_estimate(sample, folder),
+    }
+
+
+def generate(out: Path) -> Path:
+    """Build every sample model under `out` and write `out/model-store.json`; return its path."""
+    out = out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    entries = [store_entry(sample, ensure_sample(sample, out)) for sample in SAMPLES]
+    store = out / STORE_FILE
+    text = json.dumps({"models": entries}, indent=2) + "\n"
+    if not store.is_file() or store.read_text() != text:
+        scratch = out / f".{STORE_FILE}.{os.getpid()}"
+        scratch.write_text(text)
+        scratch.replace(store)
+    return store
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Create modelplane's sample models offline.")
+    parser.add_argument("--out", type=Path, default=Path("build/models"), help="folder for the models")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()
+    store = generate(args.out)
+    print(f"modelplane-samples: {len(SAMPLES)} models, store at {store}")
+
+
+if __name__ == "__main__":
+    main()

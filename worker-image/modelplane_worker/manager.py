@@ -147,6 +147,7 @@ class ModelManager:
         self._lock = asyncio.Lock()
         self._copies: dict[str, _Copy] = {}
         self._failures: dict[str, str] = {}
+        self._measured: dict[str, int] = {}  # last measured size, kept after eviction for placement
         self._tasks: set[asyncio.Task[None]] = set()
         self._load_pool = concurrent.futures.ThreadPoolExecutor(load_threads, thread_name_prefix="model-load")
 
@@ -182,6 +183,10 @@ class ModelManager:
     def committed_bytes(self) -> int:
         """Bytes that count towards the budget: loading and ready copies."""
         return sum(copy.bytes for copy in self._copies.values() if copy.counts_towards_budget)
+
+    def known_size(self, spec: ModelSpec) -> int:
+        """The best size figure for `spec`: measured at its last load, else its estimate."""
+        return self._measured.get(spec.id, spec.memory_bytes)
 
     def failures(self) -> dict[str, str]:
         """Last load failure per model that is not loaded now."""
@@ -314,7 +319,7 @@ class ModelManager:
     def _admit_locked(self, copy: _Copy, worker: FrameworkWorker, measured: int) -> errors.ModelplaneError | None:
         """Make the loaded copy READY and evict what no longer fits; or say why it cannot stay."""
         spec = copy.spec
-        size = measured if measured > 0 else copy.bytes
+        size = self._measured[spec.id] = measured if measured > 0 else copy.bytes
         if size > self.memory_budget:
             return errors.ModelTooLarge(
                 f"model {spec.id!r} measured {format_bytes(size)} after loading, more than this worker's "

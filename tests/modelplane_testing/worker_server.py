@@ -1,0 +1,120 @@
+"""Real worker servers for tests: uvicorn in a thread (in-process frameworks) or the CLI in a subprocess.
+
+Both listen on a free loopback port, are waited for by polling with a
+deadline, and are stopped when the context exits, failure or not.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import httpx
+import uvicorn
+from fastapi import FastAPI
+
+from modelplane_testing import ballast_framework as ballast
+from modelplane_worker import api, eviction
+from modelplane_worker.manager import ModelManager
+from modelplane_worker.metrics import WorkerMetrics
+from modelplane_worker.frameworks.base import WorkerContext
+from modelplane_worker.store import ModelStore
+from modelplane_worker.triton_health import TritonHealth
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_until(condition, timeout_s: float = 30.0, interval_s: float = 0.02, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = condition()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(interval_s)
+
+
+def ballast_app(
+    store: ModelStore,
+    budget: int,
+    *,
+    triton_url: str = "",
+    max_body_bytes: int = api.DEFAULT_MAX_BODY_BYTES,
+    pod_name: str = "test-pod",
+    **manager_options: Any,
+) -> FastAPI:
+    """A complete worker app whose in-process models are ballast models."""
+    metrics = WorkerMetrics(pod_name, budget)
+    triton = TritonHealth(triton_url)
+    manager_options.setdefault("policy", eviction.LRUPolicy(min_residency_s=0))
+    manager = ModelManager(
+        store, WorkerContext(triton_url=triton_url), budget,
+        observer=metrics, preflight=triton.require, create_worker=ballast.create_worker, **manager_options,
+    )
+    return api.create_app(manager, metrics, triton, pod_name=pod_name, max_body_bytes=max_body_bytes)
+
+
+@contextlib.contextmanager
+def serve_in_thread(app: FastAPI) -> Iterator[str]:
+    """Serve `app` with a real uvicorn on a free loopback port; yields its base URL."""
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: server.started or not thread.is_alive(), what="uvicorn to start")
+        if not server.started:
+            raise RuntimeError("uvicorn did not start")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=15)
+
+
+@contextlib.contextmanager
+def worker_process(args: list[str], env: dict[str, str] | None = None, timeout_s: float = 60.0) -> Iterator[str]:
+    """Run the real ``modelplane-worker`` CLI on a free loopback port; yields its base URL."""
+    port = free_port()
+    command = [sys.executable, "-m", "modelplane_worker.main", "--host", "127.0.0.1", "--port", str(port), *args]
+    log = tempfile.NamedTemporaryFile("w+", prefix="modelplane-worker-", suffix=".log")
+    process = subprocess.Popen(command, env={**os.environ, **(env or {})}, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(lambda: process.poll() is not None or _answers(url), timeout_s, 0.1, "the worker to answer")
+        if process.poll() is not None:
+            raise RuntimeError(f"worker exited with {process.returncode}:\n{Path(log.name).read_text()}")
+        yield url
+    except BaseException:
+        print(f"--- worker log ---\n{Path(log.name).read_text()[-5000:]}", file=sys.stderr)
+        raise
+    finally:
+        if process.poll() is None:
+            os.kill(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.kill(process.pid, signal.SIGKILL)
+                process.wait()
+        log.close()
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/v2/health/live", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False

@@ -1,0 +1,249 @@
+"""The worker pod's HTTP API: seed endpoints, Open Inference Protocol v2, status and metrics.
+
+Endpoints are thin: they read the body (refusing oversized ones with 413),
+call the data plane or the manager, and shape the answer. Every error is a
+ModelplaneError turned into ``{"error": message}`` with its status by the one
+shared handler. Choices worth knowing:
+
+- ``GET /v2/models/{name}`` never loads: a model that is not loaded is
+  described from the store with empty ``inputs``/``outputs``; load it first
+  (``POST /v2/repository/models/{name}/load``) to see its tensors.
+- ``GET /v2/models/{name}/ready`` is 200 when loaded and ready, 503 when the
+  model is known but not ready, 404 when unknown.
+- A load that fails is a 500 naming the cause (missing/corrupt files), 503
+  when a backend it needs is down or there is no room beside pinned models,
+  507 when it can never fit the budget; the cache is unchanged in each case.
+- ``/v2/health/ready`` is 200 only when the Triton sidecar is ready (or the
+  worker has none) and every pinned model is loaded; ``/v2/health/live``
+  depends on nothing but the process.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from typing import Any, AsyncIterator
+
+import pydantic
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse
+
+from modelplane_common import errors, http, wire
+from modelplane_common.spec import ModelSpec
+from modelplane_worker import codec
+from modelplane_worker.dataplane import DataPlane
+from modelplane_worker.manager import ModelManager
+from modelplane_worker.metrics import WorkerMetrics
+from modelplane_worker.triton_health import TritonHealth
+
+SERVER_NAME = "modelplane-worker"
+SERVER_VERSION = "0.1.0"
+DEFAULT_MAX_BODY_BYTES = 64 * 2**20
+
+
+def create_app(
+    manager: ModelManager,
+    metrics: WorkerMetrics,
+    triton: TritonHealth,
+    *,
+    pod_name: str,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    load_pinned: bool = True,
+) -> FastAPI:
+    """A worker app around an assembled manager; it owns their lifetime from start-up to shutdown."""
+    dataplane = DataPlane(manager, metrics, triton)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        pinned = asyncio.create_task(manager.keep_pinned_loaded()) if load_pinned else None
+        try:
+            yield
+        finally:
+            if pinned is not None:
+                pinned.cancel()
+                await asyncio.gather(pinned, return_exceptions=True)
+            await manager.close()
+            await triton.aclose()
+
+    app = FastAPI(title="modelplane worker", version=SERVER_VERSION, lifespan=lifespan)
+    http.install_error_handler(app)
+
+    async def body_of(request: Request) -> bytes:
+        return await http.read_body_limited(request, max_body_bytes)
+
+    async def readiness() -> dict[str, Any]:
+        triton_ready = await triton.pod_ready()
+        missing = [key for key in manager.pinned_ids() if not manager.is_loaded(key)]
+        return {"ready": triton_ready and not missing, "triton_ready": triton_ready, "pinned_not_loaded": missing}
+
+    # ----- seed API ------------------------------------------------------
+
+    @app.post("/predict")
+    async def predict(request: Request) -> wire.PredictResponse:
+        body = parse_json_model(wire.PredictRequest, await body_of(request))
+        predictions = await dataplane.predict(body.model_id, body.input_data)
+        return wire.PredictResponse(model_id=body.model_id, predictions=predictions)
+
+    @app.get("/models")
+    async def models() -> wire.ModelsResponse:
+        return wire.ModelsResponse(available_models=manager.store.ids(), loaded_models=manager.loaded_ids())
+
+    # ----- OIP v2: server --------------------------------------------------
+
+    @app.get("/v2")
+    async def server_metadata() -> dict[str, Any]:
+        return {"name": SERVER_NAME, "version": SERVER_VERSION, "extensions": ["binary_tensor_data", "model_repository"]}
+
+    @app.get("/v2/health/live")
+    async def live() -> dict[str, bool]:
+        return {"live": True}
+
+    @app.get("/v2/health/ready")
+    async def ready() -> JSONResponse:
+        state = await readiness()
+        return JSONResponse(state, status_code=200 if state["ready"] else 503)
+
+    # ----- OIP v2: models --------------------------------------------------
+
+    @app.get("/v2/models/{name}")
+    @app.get("/v2/models/{name}/versions/{version}")
+    async def model_metadata(name: str, version: str | None = None) -> dict[str, Any]:
+        return await dataplane.metadata(name, version)
+
+    @app.get("/v2/models/{name}/ready")
+    @app.get("/v2/models/{name}/versions/{version}/ready")
+    async def model_ready(name: str, version: str | None = None) -> JSONResponse:
+        is_ready = await dataplane.model_ready(name, version)
+        return JSONResponse({"name": name, "ready": is_ready}, status_code=200 if is_ready else 503)
+
+    @app.post("/v2/models/{name}/infer")
+    @app.post("/v2/models/{name}/versions/{version}/infer")
+    async def infer(name: str, request: Request, version: str | None = None) -> Response:
+        header_length = parse_header_length(request.headers.get(codec.HEADER_LENGTH))
+        if request.headers.get("content-encoding", "identity") != "identity":
+            raise errors.BadInput(f"Content-Encoding {request.headers['content-encoding']!r} is not supported; send the body uncompressed")
+        body, headers = await dataplane.infer(name, version, await body_of(request), header_length)
+        return Response(content=body, headers=headers)
+
+    # ----- OIP v2: repository ----------------------------------------------
+
+    @app.post("/v2/repository/index")
+    async def repository_index(request: Request) -> list[dict[str, str]]:
+        raw = await body_of(request)
+        only_ready = bool(parse_json_object(raw).get("ready", False)) if raw.strip() else False
+        entries = repository_entries(manager)
+        return [entry for entry in entries if entry["state"] == "READY"] if only_ready else entries
+
+    @app.post("/v2/repository/models/{name}/load")
+    async def load(name: str, request: Request) -> dict[str, Any]:
+        await body_of(request)  # parameters (config overrides) are not supported; only the size is checked
+        await manager.load(name)
+        return {}
+
+    @app.post("/v2/repository/models/{name}/unload")
+    async def unload(name: str, request: Request) -> dict[str, Any]:
+        await body_of(request)
+        await manager.unload(name)
+        return {}
+
+    # ----- modelplane ------------------------------------------------------
+
+    @app.get("/status")
+    async def status() -> wire.WorkerStatus:
+        state = await readiness()
+        used = manager.used_bytes()
+        return wire.WorkerStatus(
+            pod=pod_name,
+            ready=state["ready"],
+            triton_ready=state["triton_ready"],
+            memory_budget_bytes=manager.memory_budget,
+            used_bytes=used,
+            free_bytes=max(0, manager.memory_budget - manager.committed_bytes()),
+            max_models=manager.max_models,
+            models=copies(manager),
+            catalog=[catalog_entry(spec, manager) for spec in manager.store.list()],
+        )
+
+    @app.get("/metrics")
+    async def prometheus_metrics() -> Response:
+        return Response(metrics.exposition(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    return app
+
+
+def parse_json_model(model: type[pydantic.BaseModel], raw: bytes) -> Any:
+    try:
+        return model.model_validate_json(raw)
+    except pydantic.ValidationError as exc:
+        raise errors.InvalidRequest(f"invalid request body: {codec.describe_validation_error(exc)}") from None
+
+
+def parse_json_object(raw: bytes) -> dict[str, Any]:
+    try:
+        value = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise errors.InvalidRequest(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise errors.InvalidRequest("request body must be a JSON object")
+    return value
+
+
+def parse_header_length(value: str | None) -> int | None:
+    if value is None:
+        return None
+    if not value.strip().isdigit():
+        raise errors.BadInput(f"{codec.HEADER_LENGTH} must be a byte count, got {value!r}")
+    return int(value)
+
+
+_INDEX_STATES = {
+    wire.CopyState.READY: "READY",
+    wire.CopyState.LOADING: "LOADING",
+    wire.CopyState.UNLOADING: "UNLOADING",
+}
+
+
+def repository_entries(manager: ModelManager) -> list[dict[str, str]]:
+    """Triton-shaped index: every model in the store with its state and, after a failure, why."""
+    views = {view.model_id: view for view in manager.snapshot()}
+    failures = manager.failures()
+    entries = []
+    for spec in manager.store.list():
+        view = views.get(spec.id)
+        if view is not None:
+            state, reason = _INDEX_STATES[view.state], ""
+        else:
+            state, reason = "UNAVAILABLE", failures.get(spec.id, "unloaded")
+        entries.append({"name": spec.id, "version": spec.version, "state": state, "reason": reason})
+    return entries
+
+
+def copies(manager: ModelManager) -> list[wire.ModelCopy]:
+    result = [
+        wire.ModelCopy(
+            id=view.model_id,
+            framework=view.framework,
+            state=view.state,
+            bytes=view.bytes,
+            pinned=view.pinned,
+            inflight=view.inflight,
+            last_used_s=view.last_used_s,
+            loaded_at_s=view.loaded_at_s,
+        )
+        for view in manager.snapshot()
+    ]
+    for model_id, reason in sorted(manager.failures().items()):
+        framework = _framework_of(manager, model_id)
+        result.append(wire.ModelCopy(id=model_id, framework=framework, state=wire.CopyState.FAILED, reason=reason, pinned=manager.is_pinned(model_id)))
+    return result
+
+
+def catalog_entry(spec: ModelSpec, manager: ModelManager) -> wire.CatalogEntry:
+    return wire.CatalogEntry(id=spec.id, framework=spec.framework.value, memory_bytes=manager.known_size(spec))
+
+
+def _framework_of(manager: ModelManager, model_id: str) -> str:
+    try:
+        return manager.store.get(model_id).framework.value
+    except errors.ModelNotFound:
+        return ""

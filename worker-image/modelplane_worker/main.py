@@ -1,0 +1,188 @@
+"""``modelplane-worker``: assemble the worker from options (or MODELPLANE_* variables) and serve it.
+
+Every option has an environment variable, which is how the operator
+configures pods; a command-line option wins over its variable.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import socket
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import uvicorn
+from fastapi import FastAPI
+
+from modelplane_common import quantity
+from modelplane_worker import api, eviction
+from modelplane_worker.frameworks.base import WorkerContext
+from modelplane_worker.manager import ModelManager
+from modelplane_worker.metrics import WorkerMetrics
+from modelplane_worker.store import JsonModelStore, ModelStore
+from modelplane_worker.triton_health import TritonHealth, host_port
+
+log = logging.getLogger("modelplane_worker")
+
+
+@dataclass(frozen=True)
+class Settings:
+    model_store: Path
+    host: str = "127.0.0.1"
+    port: int = 8080
+    memory_budget: int | None = None  # None: derived from the device
+    max_models: int | None = None
+    triton_url: str = ""
+    triton_repository: Path = Path("/models")
+    pod_name: str = field(default_factory=socket.gethostname)
+    pinned: tuple[str, ...] = ()
+    max_body_bytes: int = api.DEFAULT_MAX_BODY_BYTES
+    source_roots: dict[str, Path] = field(default_factory=dict)
+    min_residency_s: float = 10.0
+    log_level: str = "info"
+
+
+# option -> environment variable
+ENVIRONMENT = {
+    "model_store": "MODELPLANE_MODEL_STORE",
+    "host": "MODELPLANE_HOST",
+    "port": "MODELPLANE_PORT",
+    "memory_budget": "MODELPLANE_MEMORY_BUDGET",
+    "max_models": "MODELPLANE_MAX_MODELS",
+    "triton_url": "MODELPLANE_TRITON_URL",
+    "triton_repository": "MODELPLANE_TRITON_REPOSITORY",
+    "pod_name": "MODELPLANE_POD_NAME",
+    "pinned": "MODELPLANE_PINNED_MODELS",
+    "max_body_bytes": "MODELPLANE_MAX_BODY_BYTES",
+    "source_root": "MODELPLANE_SOURCE_ROOTS",
+    "min_residency_s": "MODELPLANE_MIN_RESIDENCY_S",
+    "log_level": "MODELPLANE_LOG_LEVEL",
+}
+
+
+def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
+    def default(option: str, fallback: object = None) -> object:
+        return env.get(ENVIRONMENT[option], fallback)
+
+    parser = argparse.ArgumentParser(prog="modelplane-worker", description="modelplane's multi-framework worker pod")
+    parser.add_argument("--model-store", default=default("model_store"), help="JSON model store file ($MODELPLANE_MODEL_STORE)")
+    parser.add_argument("--host", default=default("host", "127.0.0.1"))
+    parser.add_argument("--port", type=int, default=default("port", 8080))
+    parser.add_argument("--memory-budget", default=default("memory_budget"), help="bytes or a quantity (2Gi); default: 90%% of the GPU, or half of free RAM on CPU")
+    parser.add_argument("--max-models", type=int, default=default("max_models"))
+    parser.add_argument("--triton-url", default=default("triton_url", ""), help="host:port of the Triton sidecar's HTTP endpoint; empty: no sidecar")
+    parser.add_argument("--triton-repository", default=default("triton_repository", "/models"))
+    parser.add_argument("--pod-name", default=default("pod_name", socket.gethostname()))
+    parser.add_argument("--pinned", default=default("pinned", ""), help="comma-separated model ids never evicted and loaded at start")
+    parser.add_argument("--max-body-bytes", default=default("max_body_bytes", str(api.DEFAULT_MAX_BODY_BYTES)))
+    parser.add_argument(
+        "--source-root", action="append", default=None, metavar="CLAIM=PATH",
+        help="where the PVC named CLAIM is mounted (repeatable; $MODELPLANE_SOURCE_ROOTS is comma-separated)",
+    )
+    parser.add_argument("--min-residency-s", type=float, default=default("min_residency_s", 10.0), help="churn guard")
+    parser.add_argument("--log-level", default=default("log_level", "info"))
+    return parser
+
+
+def parse_settings(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
+    parser = build_parser(env)
+    args = parser.parse_args(argv)
+    if not args.model_store:
+        parser.error("--model-store (or MODELPLANE_MODEL_STORE) is required")
+    roots = args.source_root if args.source_root is not None else _split(env.get(ENVIRONMENT["source_root"], ""))
+    try:
+        return Settings(
+            model_store=Path(args.model_store),
+            host=args.host,
+            port=int(args.port),
+            memory_budget=quantity.parse_bytes(args.memory_budget) if args.memory_budget else None,
+            max_models=int(args.max_models) if args.max_models not in (None, "") else None,
+            triton_url=args.triton_url.strip(),
+            triton_repository=Path(args.triton_repository),
+            pod_name=args.pod_name,
+            pinned=tuple(_split(args.pinned)),
+            max_body_bytes=quantity.parse_bytes(args.max_body_bytes),
+            source_roots=dict(_source_root(item) for item in roots),
+            min_residency_s=float(args.min_residency_s),
+            log_level=args.log_level,
+        )
+    except ValueError as exc:
+        parser.error(str(exc))
+        raise  # unreachable: parser.error exits
+
+
+def _split(value: str) -> list[str]:
+    return [item.strip() for item in value.split(",") if item.strip()]
+
+
+def _source_root(item: str) -> tuple[str, Path]:
+    claim, sep, path = item.partition("=")
+    if not sep or not claim or not path:
+        raise ValueError(f"--source-root expects CLAIM=PATH, got {item!r}")
+    return claim, Path(path)
+
+
+def device() -> str:
+    try:
+        import torch
+    except ImportError:
+        return "cpu"
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def default_memory_budget(device_name: str) -> int:
+    """90% of the GPU's memory, or half of the memory available now on CPU."""
+    if device_name == "cuda":
+        import torch
+
+        return int(torch.cuda.get_device_properties(0).total_memory * 0.9)
+    import psutil
+
+    return int(psutil.virtual_memory().available * 0.5)
+
+
+def build_app(settings: Settings, store: ModelStore | None = None) -> FastAPI:
+    """The whole worker: store, metrics, Triton probe, manager and API, wired together."""
+    store = store or JsonModelStore(settings.model_store)
+    unknown = [key for key in settings.pinned if key not in store.ids()]
+    if unknown:
+        raise ValueError(f"pinned models not in the model store {settings.model_store}: {', '.join(unknown)}")
+    device_name = device()
+    budget = settings.memory_budget or default_memory_budget(device_name)
+    context = WorkerContext(
+        source_roots=settings.source_roots,
+        triton_url=host_port(settings.triton_url) if settings.triton_url else "",
+        triton_repository=settings.triton_repository,
+        device=device_name,
+    )
+    metrics = WorkerMetrics(settings.pod_name, budget)
+    triton = TritonHealth(settings.triton_url)
+    manager = ModelManager(
+        store,
+        context,
+        budget,
+        max_models=settings.max_models,
+        policy=eviction.LRUPolicy(min_residency_s=settings.min_residency_s),
+        pinned=settings.pinned,
+        observer=metrics,
+        preflight=triton.require,
+    )
+    return api.create_app(manager, metrics, triton, pod_name=settings.pod_name, max_body_bytes=settings.max_body_bytes)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    settings = parse_settings(sys.argv[1:] if argv is None else argv, os.environ)
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        app = build_app(settings)
+    except ValueError as exc:
+        sys.exit(f"modelplane-worker: {exc}")
+    log.info("worker %s on %s:%d", settings.pod_name, settings.host, settings.port)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(), timeout_graceful_shutdown=10)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,71 @@
+"""The worker's Prometheus metrics, one registry per app, names from modelplane_common.metrics.
+
+Every framework reports through the same series, so a dashboard needs one
+query per figure whatever runs the model.
+"""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from modelplane_common import metrics as names
+from modelplane_common.spec import ModelSpec
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+_LOAD_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+UNKNOWN_MODEL = "_unknown"  # label for requests naming no model in the store (bounded cardinality)
+
+
+class WorkerMetrics:
+    """Implements the manager's observer and counts requests for the data plane."""
+
+    def __init__(self, pod: str, memory_budget: int, registry: CollectorRegistry | None = None) -> None:
+        self.pod = pod
+        self.registry = registry or CollectorRegistry()
+        model_labels = ["model", "framework", "pod"]
+        self.requests = Counter(names.REQUESTS_TOTAL, "Inference requests by outcome", [*model_labels, "code"], registry=self.registry)
+        self.request_seconds = Histogram(
+            names.REQUEST_SECONDS, "Inference request latency, load included", model_labels, buckets=_LATENCY_BUCKETS, registry=self.registry
+        )
+        self.load_seconds = Histogram(
+            names.MODEL_LOAD_SECONDS, "Model load time", model_labels, buckets=_LOAD_BUCKETS, registry=self.registry
+        )
+        self.loads = Counter(names.MODEL_LOADS_TOTAL, "Model loads by result", [*model_labels, "result"], registry=self.registry)
+        self.evictions = Counter(names.EVICTIONS_TOTAL, "Models evicted to make room", model_labels, registry=self.registry)
+        self.bytes = Gauge(names.MODEL_BYTES, "Measured bytes of each loaded model", model_labels, registry=self.registry)
+        self.used = Gauge(names.MEMORY_USED_BYTES, "Bytes held by loaded and loading models", ["pod"], registry=self.registry)
+        self.budget = Gauge(names.MEMORY_BUDGET_BYTES, "The worker's memory budget", ["pod"], registry=self.registry)
+        self.budget.labels(pod).set(memory_budget)
+        self.used.labels(pod).set(0)
+
+    def _labels(self, spec: ModelSpec) -> tuple[str, str, str]:
+        return spec.id, spec.framework.value, self.pod
+
+    def request_finished(self, spec: ModelSpec | None, code: int, seconds: float) -> None:
+        model, framework = (spec.id, spec.framework.value) if spec else (UNKNOWN_MODEL, "")
+        self.requests.labels(model, framework, self.pod, str(code)).inc()
+        if spec is not None:
+            self.request_seconds.labels(model, framework, self.pod).observe(seconds)
+
+    # ManagerObserver
+    def load_finished(self, spec: ModelSpec, seconds: float, ok: bool) -> None:
+        self.loads.labels(*self._labels(spec), "success" if ok else "failure").inc()
+        if ok:
+            self.load_seconds.labels(*self._labels(spec)).observe(seconds)
+
+    def model_evicted(self, spec: ModelSpec) -> None:
+        self.evictions.labels(*self._labels(spec)).inc()
+
+    def model_bytes(self, spec: ModelSpec, size: int | None) -> None:
+        if size is None:
+            try:
+                self.bytes.remove(*self._labels(spec))
+            except KeyError:
+                pass
+        else:
+            self.bytes.labels(*self._labels(spec)).set(size)
+
+    def memory_used(self, used: int) -> None:
+        self.used.labels(self.pod).set(used)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,124 @@
+"""Cluster mode discovery against a real kube-apiserver: worker pods and ServedModels via watches.
+
+There is no kubelet, so the test plays it: it writes each pod's status (pod
+IP, Ready condition) through the status subresource, as a kubelet would.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from modelplane_testing import kube_cluster
+
+pytestmark = [pytest.mark.kube, pytest.mark.slow]
+ROOT = Path(__file__).resolve().parents[2]
+SELECTOR = "app.kubernetes.io/component=worker"
+
+
+def wait_for(condition: Callable[[], bool], what: str, deadline_s: float = 20.0) -> None:
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        if condition():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    try:
+        kube_cluster.find_binaries()
+    except kube_cluster.BinariesMissing as exc:
+        pytest.skip(f"no Kubernetes binaries: {exc}")
+    with kube_cluster.running() as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def served_model_crd(cluster):
+    cluster.kubectl("apply", "-f", str(ROOT / "crds/servedmodel.yaml"))
+    wait_for(lambda: cluster.kubectl("get", "servedmodels", check=False).returncode == 0, "the CRD", 30)
+
+
+@pytest.fixture
+def kube(cluster):
+    from kubernetes import client, config
+
+    api_client = config.new_client_from_config(str(cluster.kubeconfig))
+    yield api_client
+    api_client.close()
+
+
+def make_pod(core, name: str, node: str, component: str = "worker") -> None:
+    core.create_namespaced_pod("default", {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "labels": {"app.kubernetes.io/component": component}},
+        "spec": {"nodeName": node, "containers": [{"name": "worker", "image": "modelplane-worker:test"}]},
+    })
+
+
+def set_ready(core, name: str, ip: str, ready: bool) -> None:
+    status = "True" if ready else "False"
+    core.patch_namespaced_pod_status(name, "default", {"status": {
+        "phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}],
+        "conditions": [{"type": "Ready", "status": status}, {"type": "ContainersReady", "status": status}],
+    }})
+
+
+def test_ready_worker_pods_come_and_go_with_their_ip_and_node(kube):
+    from kubernetes import client
+    from modelplane_router.discovery import KubeDiscovery
+
+    core = client.CoreV1Api(kube)
+    make_pod(core, "worker-a", "node-1")
+    make_pod(core, "worker-b", "node-2")
+    make_pod(core, "not-a-worker", "node-1", component="router")
+    discovery = KubeDiscovery("default", SELECTOR, 8080, api_client=kube)
+    discovery.start()
+    try:
+        set_ready(core, "worker-a", "127.0.0.11", True)
+        set_ready(core, "not-a-worker", "127.0.0.13", True)
+        wait_for(lambda: discovery.urls() == ["http://127.0.0.11:8080"], "worker-a in discovery")
+        assert discovery.node_of("http://127.0.0.11:8080") == "node-1"
+        set_ready(core, "worker-b", "127.0.0.12", True)
+        wait_for(lambda: discovery.urls() == ["http://127.0.0.11:8080", "http://127.0.0.12:8080"], "worker-b in discovery")
+        set_ready(core, "worker-a", "127.0.0.11", False)
+        wait_for(lambda: discovery.urls() == ["http://127.0.0.12:8080"], "unready worker-a out of discovery")
+        core.delete_namespaced_pod("worker-b", "default", grace_period_seconds=0)
+        wait_for(lambda: discovery.urls() == [], "deleted worker-b out of discovery")
+    finally:
+        discovery.stop()
+        for name in ("worker-a", "worker-b", "not-a-worker"):
+            try:
+                core.delete_namespaced_pod(name, "default", grace_period_seconds=0)
+            except client.ApiException:
+                pass
+
+
+def test_served_models_give_their_copy_limits(kube, served_model_crd):
+    from kubernetes import client
+    from modelplane_router.discovery import KubeDiscovery
+
+    custom = client.CustomObjectsApi(kube)
+    body = {
+        "apiVersion": "modelplane.io/v1alpha1", "kind": "ServedModel", "metadata": {"name": "sentiment"},
+        "spec": {"framework": "transformers", "task": "text-classification", "source": {"uri": "pvc://models/sentiment"},
+                 "memory": "600Mi", "replicas": {"min": 1, "max": 3}},
+    }
+    discovery = KubeDiscovery("default", SELECTOR, 8080, api_client=kube)
+    discovery.start()
+    try:
+        custom.create_namespaced_custom_object("modelplane.io", "v1alpha1", "default", "servedmodels", body)
+        wait_for(lambda: discovery.spec_of("sentiment") is not None, "the ServedModel in discovery")
+        spec = discovery.spec_of("sentiment")
+        assert (spec.replicas.min, spec.replicas.max, spec.memory_bytes) == (1, 3, 600 * 2**20)
+        custom.patch_namespaced_custom_object("modelplane.io", "v1alpha1", "default", "servedmodels", "sentiment",
+                                              {"spec": {"replicas": {"min": 2, "max": 4}}})
+        wait_for(lambda: discovery.spec_of("sentiment").replicas.min == 2, "the changed replicas")
+        custom.delete_namespaced_custom_object("modelplane.io", "v1alpha1", "default", "servedmodels", "sentiment")
+        wait_for(lambda: discovery.spec_of("sentiment") is None, "the deleted ServedModel out of discovery")
+    finally:
+        discovery.stop()

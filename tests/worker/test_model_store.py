@@ -1,0 +1,69 @@
+"""The standalone model store reads the seed's JSON shape, extended, and names what is wrong."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from modelplane_common import errors
+from modelplane_common.spec import Framework, Task
+from modelplane_worker.store import JsonModelStore
+
+
+def write(path, models) -> None:
+    path.write_text(json.dumps({"models": models}))
+
+
+def test_the_seed_shape_with_extensions(tmp_path) -> None:
+    (tmp_path / "sentiment").mkdir()
+    write(
+        tmp_path / "models.json",
+        [
+            {"id": "sentiment", "name": "Sentiment", "type": "text_classification", "framework": "transformers",
+             "version": "2", "description": "d", "source": "file://sentiment", "memory": "600Mi", "pinned": True,
+             "labels": {"team": "a"}},
+            {"id": "resnet", "name": "ResNet", "type": "image-classification", "framework": "torchvision",
+             "version": "1", "source": "file:///srv/models/resnet", "task": "embedding"},
+            {"id": "simple", "name": "Simple", "type": "unknown-kind", "framework": "triton", "source": {"uri": "pvc://models/simple"}},
+        ],
+    )
+    store = JsonModelStore(tmp_path / "models.json")
+    sentiment, resnet, simple = store.get("sentiment"), store.get("resnet"), store.get("simple")
+    assert store.ids() == ["resnet", "sentiment", "simple"]
+    assert (sentiment.task, sentiment.version, sentiment.memory_bytes, sentiment.pinned) == (Task.TEXT_CLASSIFICATION, "2", 600 * 2**20, True)
+    assert sentiment.source == f"file://{tmp_path / 'sentiment'}"  # relative to the store file
+    assert sentiment.labels == {"team": "a"}
+    assert resnet.task is Task.EMBEDDING  # an explicit task wins over the seed's type
+    assert resnet.source == "file:///srv/models/resnet"
+    assert (simple.framework, simple.task, simple.source) == (Framework.TRITON, Task.TENSOR, "pvc://models/simple")
+
+
+def test_an_unknown_id_is_model_not_found(tmp_path) -> None:
+    write(tmp_path / "models.json", [])
+    with pytest.raises(errors.ModelNotFound, match="'ghost'"):
+        JsonModelStore(tmp_path / "models.json").get("ghost")
+
+
+@pytest.mark.parametrize(
+    ("models", "problem"),
+    [
+        ([{"id": "x", "framework": "onnx", "source": "file:///m"}], "'x': framework"),
+        ([{"id": "x", "framework": "triton"}], "'x': source"),
+        ([{"id": "x", "framework": "triton", "source": "http://example/m"}], "scheme 'http'"),
+        ([{"id": "x", "framework": "triton", "source": "file://../escape"}], "'..'"),
+        ([{"id": "x", "framework": "triton", "source": "file:///m", "memory": "lots"}], "memory"),
+        ([{"id": "x", "framework": "triton", "source": "file:///m"}] * 2, "'x' twice"),
+    ],
+)
+def test_bad_entries_are_refused_naming_the_model_and_field(tmp_path, models, problem) -> None:
+    write(tmp_path / "models.json", models)
+    with pytest.raises(ValueError, match=problem):
+        JsonModelStore(tmp_path / "models.json")
+
+
+def test_a_file_that_is_not_a_store_says_so(tmp_path) -> None:
+    (tmp_path / "models.json").write_text("[1, 2]")
+    with pytest.raises(ValueError, match='"models" list'):
+        JsonModelStore(tmp_path / "models.json")
+    with pytest.raises(ValueError, match="cannot read"):
+        JsonModelStore(tmp_path / "absent.json")

@@ -1,0 +1,31 @@
+"""Pod readiness waits for pinned models and the Triton sidecar; liveness waits for nothing."""
+from __future__ import annotations
+
+import httpx
+
+from modelplane_testing import ballast_framework as ballast
+from modelplane_testing.ballast_framework import MiB
+from modelplane_testing.worker_server import ballast_app, free_port, serve_in_thread, wait_until
+
+
+def test_ready_only_once_every_pinned_model_is_loaded(tmp_path) -> None:
+    store = ballast.catalog(tmp_path, {"slow-pinned": {"size": MiB, "delay": 1.0, "pinned": True}, "other": {"size": MiB}})
+    with serve_in_thread(ballast_app(store, budget=10 * MiB)) as url, httpx.Client(base_url=url) as client:
+        assert client.get("/v2/health/live").status_code == 200
+        not_ready = client.get("/v2/health/ready")
+        assert not_ready.status_code == 503 and not_ready.json()["pinned_not_loaded"] == ["slow-pinned"]
+        assert client.post("/predict", json={"model_id": "other", "input_data": [1]}).status_code == 200
+        wait_until(lambda: client.get("/v2/health/ready").status_code == 200, timeout_s=10, what="readiness")
+        assert client.get("/models").json()["loaded_models"] == ["other", "slow-pinned"]
+
+
+def test_not_ready_while_the_configured_sidecar_is_down_but_still_live(tmp_path) -> None:
+    store = ballast.catalog(tmp_path, {"m": {"size": MiB}})
+    nobody_listens = f"127.0.0.1:{free_port()}"
+    with serve_in_thread(ballast_app(store, budget=10 * MiB, triton_url=nobody_listens)) as url, httpx.Client(base_url=url) as client:
+        assert client.get("/v2/health/live").status_code == 200
+        ready = client.get("/v2/health/ready")
+        assert ready.status_code == 503 and ready.json()["triton_ready"] is False
+        assert client.post("/predict", json={"model_id": "m", "input_data": [1]}).status_code == 200  # not a triton model
+        status = client.get("/status").json()
+        assert status["ready"] is False and status["triton_ready"] is False

@@ -11,8 +11,6 @@ from typing import Callable
 
 import pytest
 
-from modelplane_testing import kube_cluster
-
 pytestmark = [pytest.mark.kube, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
 SELECTOR = "app.kubernetes.io/component=worker"
@@ -28,13 +26,9 @@ def wait_for(condition: Callable[[], bool], what: str, deadline_s: float = 20.0)
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    try:
-        kube_cluster.find_binaries()
-    except kube_cluster.BinariesMissing as exc:
-        pytest.skip(f"no Kubernetes binaries: {exc}")
-    with kube_cluster.running() as running:
-        yield running
+def cluster(kube_cluster):
+    """The session's real control plane (tests/conftest.py)."""
+    return kube_cluster
 
 
 @pytest.fixture(scope="module")

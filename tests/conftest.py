@@ -1,0 +1,28 @@
+"""Fixtures shared by every test suite."""
+from __future__ import annotations
+
+from typing import Iterator
+
+import pytest
+
+from modelplane_testing import kube_cluster as kube_cluster_module
+
+
+@pytest.fixture(scope="session")
+def kube_cluster_binaries() -> kube_cluster_module.Binaries:
+    """The control plane binaries; fails (never skips) with the install command when absent."""
+    try:
+        return kube_cluster_module.find_binaries()
+    except kube_cluster_module.BinariesMissing as exc:
+        pytest.fail(str(exc), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def kube_cluster(kube_cluster_binaries: kube_cluster_module.Binaries,
+                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[kube_cluster_module.KubeCluster]:
+    """A real etcd + kube-apiserver + controller-manager + scheduler for the session.
+
+    Yields a KubeCluster: `.kubeconfig` (admin), `.server`, `.pids`, `.kubectl(...)`.
+    """
+    with kube_cluster_module.running(tmp_path_factory.mktemp("kube")) as cluster:
+        yield cluster

@@ -41,7 +41,9 @@ def test_text_and_image_models_answer_and_the_least_recent_is_evicted(worker) ->
     assert len(image.json()["predictions"][0]["probabilities"]) == 5
     assert worker.get("/models").json()["loaded_models"] == ["colors", "sentiment"]
 
-    status = {copy["id"]: copy for copy in worker.get("/status").json()["models"]}
+    report = worker.get("/status").json()
+    assert (report["pod"], report["memory_budget_bytes"], report["max_models"]) == ("real-pod", 2 * 2**30, 2)  # from env and flags
+    status = {copy["id"]: copy for copy in report["models"]}
     assert status["sentiment"]["bytes"] > 0 and status["colors"]["bytes"] > 0  # measured, not the estimate
 
     embed = worker.post("/predict", json={"model_id": "mini-embed", "input_data": "hello"})

@@ -1,0 +1,64 @@
+"""The worker's options come from flags or MODELPLANE_* variables (how the operator sets pods up)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from modelplane_worker import main
+
+
+def test_every_option_can_come_from_the_environment() -> None:
+    env = {
+        "MODELPLANE_MODEL_STORE": "/etc/models.json",
+        "MODELPLANE_HOST": "0.0.0.0",
+        "MODELPLANE_PORT": "9000",
+        "MODELPLANE_MEMORY_BUDGET": "2Gi",
+        "MODELPLANE_MAX_MODELS": "3",
+        "MODELPLANE_TRITON_URL": "127.0.0.1:8000",
+        "MODELPLANE_TRITON_REPOSITORY": "/models",
+        "MODELPLANE_POD_NAME": "pod-7",
+        "MODELPLANE_PINNED_MODELS": "a, b",
+        "MODELPLANE_MAX_BODY_BYTES": "1Mi",
+        "MODELPLANE_SOURCE_ROOTS": "models=/mnt/models,extra=/mnt/extra",
+        "MODELPLANE_MIN_RESIDENCY_S": "2.5",
+    }
+    settings = main.parse_settings([], env)
+    assert settings == main.Settings(
+        model_store=Path("/etc/models.json"), host="0.0.0.0", port=9000, memory_budget=2 * 2**30, max_models=3,
+        triton_url="127.0.0.1:8000", triton_repository=Path("/models"), pod_name="pod-7", pinned=("a", "b"),
+        max_body_bytes=2**20, source_roots={"models": Path("/mnt/models"), "extra": Path("/mnt/extra")},
+        min_residency_s=2.5,
+    )
+
+
+def test_flags_win_over_the_environment() -> None:
+    env = {"MODELPLANE_MODEL_STORE": "/env.json", "MODELPLANE_MEMORY_BUDGET": "1Gi", "MODELPLANE_TRITON_URL": "x:1"}
+    settings = main.parse_settings(
+        ["--model-store", "/flag.json", "--memory-budget", "512Mi", "--triton-url", "", "--source-root", "c=/p"], env
+    )
+    assert (settings.model_store, settings.memory_budget, settings.triton_url) == (Path("/flag.json"), 512 * 2**20, "")
+    assert settings.source_roots == {"c": Path("/p")}
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        ([], "--model-store"),
+        (["--model-store", "s.json", "--memory-budget", "lots"], "not a memory quantity"),
+        (["--model-store", "s.json", "--source-root", "nopath"], "CLAIM=PATH"),
+    ],
+)
+def test_bad_options_exit_with_a_message_naming_them(argv, message, capsys) -> None:
+    with pytest.raises(SystemExit):
+        main.parse_settings(argv, {})
+    assert message in capsys.readouterr().err
+
+
+def test_a_pinned_model_missing_from_the_store_is_refused_at_start(tmp_path) -> None:
+    store = tmp_path / "models.json"
+    store.write_text(json.dumps({"models": [{"id": "a", "framework": "triton", "source": "file:///m"}]}))
+    settings = main.parse_settings(["--model-store", str(store), "--memory-budget", "1Gi", "--pinned", "a,ghost"], {})
+    with pytest.raises(ValueError, match="ghost"):
+        main.build_app(settings)

@@ -174,14 +174,27 @@ def _tensor_from_json(tensor: _Tensor) -> np.ndarray:
         if tensor.datatype == "BYTES":
             flat = np.array([_as_bytes(x, tensor.name) for x in _flatten(data)], dtype=object)
         else:
-            flat = np.array(data, dtype=dtype).reshape(-1)
-            if tensor.datatype != "BOOL" and any(isinstance(x, bool) for x in _flatten(data)):
-                raise ValueError("booleans in a numeric tensor")
+            flat = _numbers(data, dtype)
     except (ValueError, TypeError, OverflowError) as exc:
         raise errors.BadInput(f"input {tensor.name!r}: data is not {tensor.datatype}: {exc}") from None
     if flat.size != count:
         raise errors.BadInput(f"input {tensor.name!r}: shape {tensor.shape} needs {count} elements, got {flat.size}")
     return flat.reshape(tensor.shape)
+
+
+def _numbers(data: list[Any], dtype: np.dtype) -> np.ndarray:
+    """JSON numbers as a flat array of `dtype`, refusing what would silently change value."""
+    raw = np.array(data)
+    if dtype.kind != "b" and raw.dtype.kind != "b" and any(isinstance(x, bool) for x in _flatten(data)):
+        raise ValueError("booleans in a numeric tensor")
+    allowed = {"b": "b", "i": "iu", "u": "iu", "f": "iuf"}[dtype.kind]
+    if raw.dtype.kind not in allowed:
+        raise ValueError(f"elements of kind {raw.dtype} cannot be {dtype.name}")
+    if dtype.kind in "iu" and raw.size:
+        info = np.iinfo(dtype)
+        if raw.min() < info.min or raw.max() > info.max:
+            raise ValueError(f"values out of range [{info.min}, {info.max}]")
+    return raw.astype(dtype).reshape(-1)
 
 
 def _flatten(data: list[Any]) -> list[Any]:

@@ -135,3 +135,13 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
     outcome = yield
     report = outcome.get_result()
     setattr(item, f"rep_{report.when}", report)
+
+
+@pytest.fixture(scope="module")
+def module_procs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Processes]:
+    """Like `procs`, shared by the tests of one module (their logs are printed if the module fails)."""
+    processes = Processes(tmp_path_factory.mktemp("logs"))
+    try:
+        yield processes
+    finally:
+        processes.stop_all()

@@ -1,0 +1,85 @@
+"""Pod volumes as host folders, shared by the pod's containers.
+
+- emptyDir: a fresh folder under the pod's state folder;
+- hostPath: the path itself;
+- persistentVolumeClaim: ``<pvc root>/<claimName>`` (the agent's --pvc-root,
+  so a test can point a claim at a folder of sample models);
+- configMap / secret: a folder holding one file per key (items honoured);
+- projected: the sources above plus serviceAccountToken, merged into one folder.
+"""
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client
+
+
+class VolumeError(Exception):
+    """A volume this agent cannot provide (the pod then stays ContainerCreating)."""
+
+
+class VolumeMaker:
+    def __init__(self, core: client.CoreV1Api, pod: dict[str, Any], pod_dir: Path, pvc_root: Path | None,
+                 token: str) -> None:
+        self._core = core
+        self._namespace = pod["metadata"]["namespace"]
+        self._pod_dir = pod_dir
+        self._pvc_root = pvc_root
+        self._token = token
+
+    def make_all(self, volumes: list[dict[str, Any]]) -> dict[str, Path]:
+        return {volume["name"]: self.make(volume) for volume in volumes}
+
+    def make(self, volume: dict[str, Any]) -> Path:
+        name = volume["name"]
+        folder = self._pod_dir / "volumes" / name
+        if "emptyDir" in volume:
+            folder.mkdir(parents=True, exist_ok=True)
+            return folder
+        if "hostPath" in volume:
+            return Path(volume["hostPath"]["path"])
+        if "persistentVolumeClaim" in volume:
+            claim = volume["persistentVolumeClaim"]["claimName"]
+            if self._pvc_root is None or not (self._pvc_root / claim).exists():
+                raise VolumeError(f"claim {claim!r}: no folder {self._pvc_root}/{claim} (start the agent with --pvc-root)")
+            return self._pvc_root / claim
+        if "configMap" in volume:
+            data = self._core.read_namespaced_config_map(volume["configMap"]["name"], self._namespace).data or {}
+            return self._write(folder, data, volume["configMap"].get("items"))
+        if "secret" in volume:
+            data = self._secret(volume["secret"]["secretName"])
+            return self._write(folder, data, volume["secret"].get("items"))
+        if "projected" in volume:
+            return self._projected(folder, volume["projected"].get("sources") or [])
+        raise VolumeError(f"volume {name!r}: unsupported kind {sorted(k for k in volume if k != 'name')}")
+
+    def _projected(self, folder: Path, sources: list[dict[str, Any]]) -> Path:
+        folder.mkdir(parents=True, exist_ok=True)
+        for source in sources:
+            if "serviceAccountToken" in source:
+                self._write(folder, {source["serviceAccountToken"].get("path", "token"): self._token}, None)
+            elif "configMap" in source:
+                data = self._core.read_namespaced_config_map(source["configMap"]["name"], self._namespace).data or {}
+                self._write(folder, data, source["configMap"].get("items"))
+            elif "secret" in source:
+                self._write(folder, self._secret(source["secret"]["name"]), source["secret"].get("items"))
+            elif "downwardAPI" in source:
+                self._write(folder, {"namespace": self._namespace}, None)
+        return folder
+
+    def _secret(self, name: str) -> dict[str, str]:
+        data = self._core.read_namespaced_secret(name, self._namespace).data or {}
+        return {k: base64.b64decode(v).decode() for k, v in data.items()}
+
+    @staticmethod
+    def _write(folder: Path, data: dict[str, str], items: list[dict[str, Any]] | None) -> Path:
+        folder.mkdir(parents=True, exist_ok=True)
+        chosen = {item["key"]: item.get("path", item["key"]) for item in items} if items else {k: k for k in data}
+        for key, rel in chosen.items():
+            if key in data:
+                target = folder / rel
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_text(data[key])
+        return folder

@@ -221,13 +221,14 @@ def running_stack(**options) -> Iterator[Stack]:
 
 
 def example_request(model_store: Path) -> tuple[str, dict]:
-    """An example /predict body for the first sample model the store names."""
+    """An example /predict body for a sample model the store names (a text classifier when there is one)."""
     models = json.loads(model_store.read_text()).get("models", [])
-    by_framework = {m.get("framework"): m for m in models}
-    if "transformers" in by_framework:
-        return by_framework["transformers"]["id"], {"input_data": "a wonderful little model"}
-    if "triton" in by_framework:
-        return by_framework["triton"]["id"], {"input_data": [[5.1, 3.5, 1.4, 0.2]]}
+    for model in models:
+        if model.get("task") == "text-classification":
+            return model["id"], {"input_data": "a wonderful little model"}
+    for model in models:
+        if model.get("framework") == "triton":
+            return model["id"], {"input_data": [[5.1, 3.5, 1.4, 0.2]]}
     model = models[0] if models else {"id": "MODEL"}
     return model["id"], {"input_data": [1.0, 2.0]}
 

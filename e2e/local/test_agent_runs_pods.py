@@ -136,3 +136,30 @@ def test_scheduler_places_gpu_pods_by_gpu_capacity(kube: Kube, agent: AgentProce
     wait_for("the extra replica Pending for lack of GPUs", one_pending_for_gpus, 30)
     kube.delete("deployment", "gpu", "-n", NS)
     wait_for("gpu pods gone", lambda: not kube.pods(NS, "app=gpu"), 60)
+
+
+def test_configmap_volume_waits_for_and_follows_its_configmap(kube: Kube, agent: AgentProcess, namespace: str) -> None:
+    """The pod starts once its ConfigMap exists, and sees later edits (the operator's model catalog relies on it)."""
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web-cm", "namespace": NS, "labels": {"app": "web-cm"}},
+           "spec": {"terminationGracePeriodSeconds": 1, "nodeSelector": {"kubernetes.io/hostname": "gpu-node-2"},
+                    "containers": [{"name": "server", "image": "python:3.11",
+                                    "command": ["python", "-m", "http.server", "8080", "--bind", "0.0.0.0",
+                                                "--directory", "/etc/catalog"],
+                                    "volumeMounts": [{"name": "catalog", "mountPath": "/etc/catalog"}],
+                                    "readinessProbe": {"tcpSocket": {"port": 8080}, "periodSeconds": 1}}],
+                    "volumes": [{"name": "catalog", "configMap": {"name": "catalog"}}]}}
+    kube.apply([pod])
+    wait_for("web-cm waiting for its ConfigMap",
+             lambda: "catalog" in (read_pod(kube, "web-cm")["status"].get("message") or ""), 30)
+
+    def catalog(text: str) -> dict:
+        return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "catalog", "namespace": NS},
+                "data": {"models.json": text}}
+
+    kube.apply([catalog('{"models": []}')])
+    ip = kube.wait_pods_ready(NS, "app=web-cm", 1, timeout=60)[0]["status"]["podIP"]
+    assert httpx.get(f"http://{ip}:8080/models.json", timeout=5).text == '{"models": []}'
+    kube.apply([catalog('{"models": ["sentiment"]}')])
+    wait_for("the edited ConfigMap in the pod's volume",
+             lambda: httpx.get(f"http://{ip}:8080/models.json", timeout=5).text == '{"models": ["sentiment"]}', 20)
+    kube.delete("pod", "web-cm", "-n", NS)

@@ -35,6 +35,7 @@ from nodeagent.volumes import VolumeError, VolumeMaker
 log = logging.getLogger("nodeagent.pods")
 
 STEP_S = 0.2
+VOLUME_SYNC_S = 2.0
 MAX_GRACE_S = 10.0
 
 
@@ -87,6 +88,8 @@ class PodRunner(threading.Thread):
         self._conditions: dict[str, tuple[str, str]] = {}
         self._last_status = ""
         self._start_time = kubeapi.now()
+        self._volumes: VolumeMaker | None = None
+        self._last_volume_sync = 0.0
 
     # -- called from the watch thread -----------------------------------
     def update(self, pod: dict[str, Any]) -> None:
@@ -102,30 +105,42 @@ class PodRunner(threading.Thread):
 
     # -- the pod's life --------------------------------------------------
     def run(self) -> None:
-        try:
-            self._set_up()
-        except Exception as err:  # noqa: BLE001 - any set-up failure is reported on the pod, as a kubelet would
-            log.exception("pod %s/%s set-up failed", self.namespace, self.pod_name)
-            self._pending_reason = ("CreateContainerConfigError", str(err))
+        ready_to_run = False
+        next_try = 0.0
         while self._stop_grace is None:
             now = time.monotonic()
+            if not ready_to_run and now >= next_try:
+                ready_to_run = self._try_set_up()
+                next_try = now + 2.0
             for container in self.containers:
                 container.step(now)
+            self._sync_volumes(now)
             self._report()
             self._wake.wait(STEP_S)
             self._wake.clear()
         self._tear_down()
 
+    def _try_set_up(self) -> bool:
+        """Set the pod up; a failure (e.g. a ConfigMap not there yet) is reported and retried."""
+        try:
+            self._set_up()
+            return True
+        except Exception as err:  # noqa: BLE001 - any set-up failure is reported on the pod, as a kubelet would
+            log.warning("pod %s/%s set-up failed (retrying): %s", self.namespace, self.pod_name, err)
+            self.containers = []
+            self._pending_reason = ("ContainerCreating", f"set-up failed: {err}")
+            return False
+
     def _set_up(self) -> None:
         self.pod_dir.mkdir(parents=True, exist_ok=True)
         (self.pod_dir / "tmp").mkdir(exist_ok=True)
-        self.pod_ip = self.addresses.allocate()
+        self.pod_ip = self.pod_ip or self.addresses.allocate()
         spec = self._pod["spec"]
         token = self._token(spec)
         kubeconfig_path = self.pod_dir / "kubeconfig"
         kubeconfig_path.write_text(yaml.safe_dump(pod_kubeconfig(self.ctx.admin_kubeconfig, token)))
-        volume_dirs = VolumeMaker(self._core, self._pod, self.pod_dir, self.ctx.pvc_root, token or "").make_all(
-            spec.get("volumes") or [])
+        self._volumes = VolumeMaker(self._core, self._pod, self.pod_dir, self.ctx.pvc_root, token or "")
+        volume_dirs = self._volumes.make_all(spec.get("volumes") or [])
         base = host_base(self.ctx.venv_bin, self.pod_dir)
         base.update(self._api_env(kubeconfig_path))
         for container in spec.get("containers") or []:
@@ -159,6 +174,15 @@ class PodRunner(threading.Thread):
         host, _, port = host_port.rpartition(":")
         return {"KUBECONFIG": str(kubeconfig_path), "KUBERNETES_SERVICE_HOST": host,
                 "KUBERNETES_SERVICE_PORT": port, "KUBERNETES_SERVICE_PORT_HTTPS": port}
+
+    def _sync_volumes(self, now: float) -> None:
+        if self._volumes is None or now - self._last_volume_sync < VOLUME_SYNC_S:
+            return
+        self._last_volume_sync = now
+        try:
+            self._volumes.refresh()
+        except Exception as err:  # noqa: BLE001 - retried at the next sync, as the kubelet does
+            log.warning("volume sync of %s/%s failed: %s", self.namespace, self.pod_name, err)
 
     # -- status ----------------------------------------------------------
     def _report(self) -> None:
@@ -206,8 +230,8 @@ class PodRunner(threading.Thread):
         }
         if self.pod_ip:
             status.update(podIP=self.pod_ip, podIPs=[{"ip": self.pod_ip}])
-        if self._pending_reason[0]:
-            status["reason"], status["message"] = self._pending_reason
+        # null removes a reason reported earlier (strategic merge patch)
+        status["reason"], status["message"] = self._pending_reason if self._pending_reason[0] else (None, None)
         return status
 
     def _condition(self, kind: str, value: bool) -> None:

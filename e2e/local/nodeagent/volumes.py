@@ -6,6 +6,10 @@
   so a test can point a claim at a folder of sample models);
 - configMap / secret: a folder holding one file per key (items honoured);
 - projected: the sources above plus serviceAccountToken, merged into one folder.
+
+Like the kubelet, ConfigMap and Secret contents are kept in sync while the pod
+runs (``refresh()``, called every few seconds): changed keys are rewritten
+atomically, so a process that re-reads its config file sees the update.
 """
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
 
 class VolumeError(Exception):
@@ -28,9 +33,16 @@ class VolumeMaker:
         self._pod_dir = pod_dir
         self._pvc_root = pvc_root
         self._token = token
+        self._synced: list[dict[str, Any]] = []
 
     def make_all(self, volumes: list[dict[str, Any]]) -> dict[str, Path]:
+        self._synced = [v for v in volumes if {"configMap", "secret", "projected"} & set(v)]
         return {volume["name"]: self.make(volume) for volume in volumes}
+
+    def refresh(self) -> None:
+        """Re-read ConfigMap/Secret-backed volumes and rewrite what changed."""
+        for volume in self._synced:
+            self.make(volume)
 
     def make(self, volume: dict[str, Any]) -> Path:
         name = volume["name"]
@@ -46,7 +58,7 @@ class VolumeMaker:
                 raise VolumeError(f"claim {claim!r}: no folder {self._pvc_root}/{claim} (start the agent with --pvc-root)")
             return self._pvc_root / claim
         if "configMap" in volume:
-            data = self._core.read_namespaced_config_map(volume["configMap"]["name"], self._namespace).data or {}
+            data = self._config_map(volume["configMap"]["name"], bool(volume["configMap"].get("optional")))
             return self._write(folder, data, volume["configMap"].get("items"))
         if "secret" in volume:
             data = self._secret(volume["secret"]["secretName"])
@@ -69,6 +81,16 @@ class VolumeMaker:
                 self._write(folder, {"namespace": self._namespace}, None)
         return folder
 
+    def _config_map(self, name: str, optional: bool) -> dict[str, str]:
+        try:
+            return dict(self._core.read_namespaced_config_map(name, self._namespace).data or {})
+        except ApiException as err:
+            if err.status == 404 and optional:
+                return {}
+            if err.status == 404:
+                raise VolumeError(f"configmap {name!r} not found") from err
+            raise
+
     def _secret(self, name: str) -> dict[str, str]:
         data = self._core.read_namespaced_secret(name, self._namespace).data or {}
         return {k: base64.b64decode(v).decode() for k, v in data.items()}
@@ -81,5 +103,9 @@ class VolumeMaker:
             if key in data:
                 target = folder / rel
                 target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_text(data[key])
+                if target.exists() and target.read_text() == data[key]:
+                    continue
+                staging = target.with_name(f".{target.name}.tmp")
+                staging.write_text(data[key])
+                staging.replace(target)
         return folder

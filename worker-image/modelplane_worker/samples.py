@@ -1,7 +1,8 @@
 """Make the sample models offline, saved the way users' models are saved.
 
 No model hub is reachable, so the install step builds small real models
-(random weights from a fixed seed, so outputs are reproducible) and a
+(random weights from a fixed seed, fitted for seconds where a sample should
+tell classes apart, so outputs are reproducible) and a
 ``model-store.json`` listing them. They are loaded later through the same
 loading code a user's model goes through. Each model is written to a temporary
 folder and renamed into place, so an interrupted or concurrent run never
@@ -10,17 +11,19 @@ leaves a half-written model; a second run skips what is already there.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
+import random
 import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 # Bump when a generator changes, so an old build/models is regenerated.
-SAMPLES_VERSION = "1"
+SAMPLES_VERSION = "4"
 MARKER = ".modelplane-sample"
 STORE_FILE = "model-store.json"
 
@@ -81,17 +84,64 @@ def _tiny_bert_config(vocab_size: int, **extra: object):  # -> BertConfig
     )
 
 
-def build_sentiment(folder: Path) -> None:
-    """A tiny BERT sequence classifier with labels negative/positive."""
+SENTIMENT_POSITIVE = "good great excellent amazing wonderful lovely best fantastic perfect nice fun".split()
+SENTIMENT_NEGATIVE = "bad terrible awful horrible worst boring poor sad ugly disappointing broken".split()
+SENTIMENT_NOUNS = "movie film book food service product day place story music experience".split()
+SENTIMENT_TEMPLATES = ["the {n} was {a}", "this {n} is {a}", "a {a} {n}", "{a}", "what a {a} {n}",
+                       "it is really {a}", "i think the {n} is very {a}"]
+
+
+def sentiment_examples() -> list[tuple[str, int]]:
+    """Templated sentences labelled 0 (negative) or 1 (positive), in a seeded order."""
+    examples = [
+        (template.format(n=noun, a=adjective), label)
+        for label, adjectives in ((1, SENTIMENT_POSITIVE), (0, SENTIMENT_NEGATIVE))
+        for adjective in adjectives for noun in SENTIMENT_NOUNS for template in SENTIMENT_TEMPLATES
+    ]
+    examples += [(f"i love this {noun}", 1) for noun in SENTIMENT_NOUNS]
+    examples += [(f"i hate this {noun}", 0) for noun in SENTIMENT_NOUNS]
+    random.Random(0).shuffle(examples)
+    return examples
+
+
+@contextlib.contextmanager
+def _single_threaded_torch() -> Iterator[None]:
+    """One thread makes CPU training bit-for-bit reproducible (and polite on a shared machine)."""
     import torch
-    from transformers import BertForSequenceClassification
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def build_sentiment(folder: Path, steps: int = 80) -> None:
+    """A tiny BERT sequence classifier (negative/positive), trained for seconds on templated sentences."""
+    import torch
+    from transformers import BertForSequenceClassification, BertTokenizer
 
     vocab_size = _save_tokenizer(folder)
-    torch.manual_seed(0)
-    config = _tiny_bert_config(
-        vocab_size, num_labels=2, id2label={0: "negative", 1: "positive"}, label2id={"negative": 0, "positive": 1},
-    )
-    BertForSequenceClassification(config).eval().save_pretrained(str(folder))
+    tokenizer = BertTokenizer.from_pretrained(str(folder))
+    examples = sentiment_examples()
+    with _single_threaded_torch():
+        torch.manual_seed(0)
+        config = _tiny_bert_config(
+            vocab_size, num_labels=2, id2label={0: "negative", 1: "positive"},
+            label2id={"negative": 0, "positive": 1},
+        )
+        model = BertForSequenceClassification(config)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+        model.train()
+        for step in range(steps):
+            batch = [examples[(step * 32 + i) % len(examples)] for i in range(32)]
+            encoded = tokenizer([text for text, _ in batch], padding=True, return_tensors="pt")
+            loss = model(**encoded, labels=torch.tensor([label for _, label in batch])).loss
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    model.eval().save_pretrained(str(folder))
 
 
 def build_embedding(folder: Path) -> None:
@@ -101,24 +151,70 @@ def build_embedding(folder: Path) -> None:
 
     vocab_size = _save_tokenizer(folder)
     torch.manual_seed(1)
-    BertModel(_tiny_bert_config(vocab_size), add_pooling_layer=False).eval().save_pretrained(str(folder))
+    BertModel(_tiny_bert_config(vocab_size)).eval().save_pretrained(str(folder))
+
+
+IMAGE_SIZE = 64
+IMAGE_MEAN = [0.485, 0.456, 0.406]
+IMAGE_STD = [0.229, 0.224, 0.225]
+COLOR_RGB = {"red": (1.0, 0.0, 0.0), "green": (0.0, 1.0, 0.0), "blue": (0.0, 0.0, 1.0),
+             "black": (0.0, 0.0, 0.0), "white": (1.0, 1.0, 1.0)}
+
+
+def colour_batch(count: int, generator):  # -> (images [N,3,H,W] normalised, labels [N])
+    """Solid-colour images near each class colour, normalised as model.json says."""
+    import torch
+
+    labels = torch.arange(count) % len(IMAGE_LABELS)
+    base = torch.tensor([COLOR_RGB[name] for name in IMAGE_LABELS])[labels]
+    # Channels that are "on" lie in [0.75, 1], "off" ones in [0, 0.25].
+    # The first rows of every batch are the pure colours themselves.
+    jitter = torch.rand(count, 3, generator=generator)
+    jitter[: min(count, 4 * len(IMAGE_LABELS))] = torch.where(base[: 4 * len(IMAGE_LABELS)] > 0.5, 1.0, 0.0)
+    rgb = torch.where(base > 0.5, 0.75 + 0.25 * jitter, 0.25 * jitter)
+    mean = torch.tensor(IMAGE_MEAN)[None, :, None, None]
+    std = torch.tensor(IMAGE_STD)[None, :, None, None]
+    images = rgb[:, :, None, None].expand(count, 3, IMAGE_SIZE, IMAGE_SIZE)
+    return (images - mean) / std, labels
 
 
 def build_image_classifier(folder: Path) -> None:
-    """A torchvision MobileNetV2 with five classes: state dict plus model.json describing it."""
+    """A torchvision MobileNetV2 that tells five solid colours apart: state dict plus model.json.
+
+    Random convolutions, batch-norm statistics measured on colour images, and a
+    ridge-regression head: a real classifier in about two seconds, no training loop.
+    """
     import torch
     import torchvision
 
-    torch.manual_seed(2)
-    model = torchvision.models.get_model("mobilenet_v2", weights=None, num_classes=len(IMAGE_LABELS)).eval()
+    with _single_threaded_torch(), torch.no_grad():
+        torch.manual_seed(2)
+        generator = torch.Generator().manual_seed(0)
+        model = torchvision.models.get_model("mobilenet_v2", weights=None, num_classes=len(IMAGE_LABELS))
+        for module in model.modules():
+            if isinstance(module, torch.nn.BatchNorm2d):
+                module.momentum = None  # a plain average over the calibration batches
+                module.reset_running_stats()
+        model.train()
+        for _ in range(3):
+            model(colour_batch(40, generator)[0])
+        model.eval()
+        images, labels = colour_batch(300, generator)
+        features = torch.nn.functional.adaptive_avg_pool2d(model.features(images), 1).flatten(1)
+        design = torch.cat([features, torch.ones(len(features), 1)], dim=1)
+        targets = torch.nn.functional.one_hot(labels, len(IMAGE_LABELS)).float() * 8 - 4
+        solution = torch.linalg.solve(design.T @ design + 30.0 * torch.eye(design.shape[1]), design.T @ targets)
+        head = model.classifier[1]
+        head.weight.copy_(solution[:-1].T)
+        head.bias.copy_(solution[-1])
     torch.save(model.state_dict(), folder / "weights.pt")
     description = {
         "architecture": "mobilenet_v2",
         "num_classes": len(IMAGE_LABELS),
         "labels": IMAGE_LABELS,
-        "image_size": [64, 64],
-        "mean": [0.485, 0.456, 0.406],
-        "std": [0.229, 0.224, 0.225],
+        "image_size": [IMAGE_SIZE, IMAGE_SIZE],
+        "mean": IMAGE_MEAN,
+        "std": IMAGE_STD,
     }
     (folder / "model.json").write_text(json.dumps(description, indent=2) + "\n")
 
@@ -192,11 +288,11 @@ def build_iris(folder: Path, name: str = "iris") -> None:
 
 SAMPLES: list[Sample] = [
     Sample("sentiment", "transformers", "text-classification", "nlp",
-           "Tiny BERT sentiment classifier (random weights, fixed seed): negative/positive.", build_sentiment),
+           "Tiny BERT sentiment classifier (trained for seconds on templated sentences): negative/positive.", build_sentiment),
     Sample("mini-embed", "transformers", "embedding", "nlp",
-           "Tiny BERT sentence encoder, mean pooled and normalised (random weights, fixed seed).", build_embedding),
+           "Tiny BERT sentence encoder, mean pooled and normalised (untrained: random weights, fixed seed).", build_embedding),
     Sample("colors", "torchvision", "image-classification", "vision",
-           "MobileNetV2 image classifier with five colour classes (random weights, fixed seed).",
+           "MobileNetV2 image classifier for five solid colours: red, green, blue, black, white.",
            build_image_classifier),
     Sample("iris", "triton", "tensor", "tabular",
            "Triton Python-backend iris classifier: measurements [-1,4] -> species_probabilities [-1,3].", build_iris),

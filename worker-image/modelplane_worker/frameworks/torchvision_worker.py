@@ -1,0 +1,233 @@
+"""torchvision image classifiers: an architecture name plus a saved state dict.
+
+The source folder holds ``model.json`` (architecture for
+``torchvision.models.get_model``, num_classes, labels, image_size [H, W],
+mean, std) and ``weights.pt`` (the state dict). Images arrive as bytes
+(base64 in JSON, raw in OIP ``BYTES``) and are decoded here, never read from a
+server-side path. Tensor input is taken as already preprocessed (resized and
+normalised), the way Triton and KServe treat tensors.
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from modelplane_common import errors
+from modelplane_worker import engine, memory
+from modelplane_worker.frameworks import sources, torch_common
+from modelplane_worker.frameworks.base import FrameworkWorker, TensorSpec
+
+DESCRIPTION_FILE = "model.json"
+WEIGHTS_FILE = "weights.pt"
+TENSOR_INPUT = "input"
+IMAGE_INPUT = "image"
+PROBABILITIES_OUTPUT = "probabilities"
+
+
+@dataclass(frozen=True)
+class ImageModelDescription:
+    """What model.json says about the network and its expected input."""
+
+    architecture: str
+    labels: list[str]
+    height: int
+    width: int
+    mean: list[float]
+    std: list[float]
+
+    @classmethod
+    def read(cls, path: Path) -> "ImageModelDescription":
+        try:
+            raw = json.loads(path.read_text())
+            labels = [str(label) for label in raw["labels"]]
+            num_classes = int(raw.get("num_classes", len(labels)))
+            height, width = (int(v) for v in raw.get("image_size", [224, 224]))
+            description = cls(
+                architecture=str(raw["architecture"]), labels=labels, height=height, width=width,
+                mean=[float(v) for v in raw.get("mean", [0.485, 0.456, 0.406])],
+                std=[float(v) for v in raw.get("std", [0.229, 0.224, 0.225])],
+            )
+        except FileNotFoundError as exc:
+            raise errors.ModelLoadFailed(f"{path} is missing") from exc
+        except (ValueError, KeyError, TypeError) as exc:
+            raise errors.ModelLoadFailed(f"{path} is not a valid model description: {type(exc).__name__}: {exc}") from exc
+        if num_classes != len(labels):
+            raise errors.ModelLoadFailed(f"{path}: num_classes {num_classes} but {len(labels)} labels")
+        if len(description.mean) != 3 or len(description.std) != 3:
+            raise errors.ModelLoadFailed(f"{path}: mean and std need three values (RGB)")
+        return description
+
+
+@engine.register("torchvision")
+class TorchvisionWorker(FrameworkWorker):
+    """An image classifier: encoded images or preprocessed tensors in, label probabilities out."""
+
+    def __init__(self, spec: Any, context: Any) -> None:
+        super().__init__(spec, context)
+        self._model: Any = None
+        self._description: ImageModelDescription | None = None
+        self._device: Any = None
+        self._bytes = 0
+
+    def load(self) -> None:
+        folder = sources.resolve(self.spec.source, self.context.source_roots)
+        description = ImageModelDescription.read(folder / DESCRIPTION_FILE)
+        import torch
+        import torchvision
+
+        self._device = torch_common.torch_device(self.context.device)
+        weights = folder / WEIGHTS_FILE
+        if not weights.is_file():
+            raise errors.ModelLoadFailed(f"model {self.spec.id!r}: {weights} is missing")
+        try:
+            model = torchvision.models.get_model(description.architecture, weights=None,
+                                                 num_classes=len(description.labels))
+        except ValueError as exc:
+            raise errors.ModelLoadFailed(
+                f"model {self.spec.id!r}: unknown torchvision architecture {description.architecture!r}: {exc}"
+            ) from exc
+        try:
+            state = torch.load(weights, map_location="cpu", weights_only=True)
+            model.load_state_dict(state)
+        except Exception as exc:  # pickle, zip and shape errors all mean "these weights do not fit"
+            raise errors.ModelLoadFailed(
+                f"model {self.spec.id!r}: cannot load {weights}: {type(exc).__name__}: {str(exc)[:500]}"
+            ) from exc
+        del state
+        self._model = model.to(self._device).eval()
+        self._description = description
+        self._bytes = memory.module_bytes(self._model)
+
+    @property
+    def description(self) -> ImageModelDescription:
+        if self._description is None or self._model is None:
+            raise errors.BackendUnavailable(f"model {self.spec.id!r} is not loaded")
+        return self._description
+
+    def _classify(self, batch: np.ndarray) -> np.ndarray:
+        """Probabilities [N, C] for a preprocessed float batch [N, 3, H, W]."""
+        description = self.description
+        expected = (3, description.height, description.width)
+        if batch.ndim != 4 or tuple(batch.shape[1:]) != expected:
+            raise errors.BadInput(
+                f"image tensor must have shape [N, 3, {description.height}, {description.width}] "
+                f"(or [3, {description.height}, {description.width}]), got {list(batch.shape)}"
+            )
+        torch_common.check_batch_size(batch.shape[0], "image batch")
+        import torch
+
+        tensor = torch.from_numpy(np.ascontiguousarray(batch, dtype=np.float32)).to(self._device)
+        with torch.inference_mode():
+            probabilities = torch.softmax(self._model(tensor).float(), dim=-1)
+        return probabilities.cpu().numpy().astype(np.float32)
+
+    def _preprocess(self, encoded: bytes) -> np.ndarray:
+        """Decode, convert to RGB, resize and normalise one image -> [3, H, W] float32."""
+        from PIL import Image, UnidentifiedImageError
+
+        description = self.description
+        try:
+            with Image.open(io.BytesIO(encoded)) as image:
+                rgb = image.convert("RGB").resize((description.width, description.height), Image.Resampling.BILINEAR)
+        except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as exc:
+            raise errors.BadInput(f"cannot decode image ({len(encoded)} bytes): {exc}") from exc
+        pixels = np.asarray(rgb, dtype=np.float32) / 255.0
+        pixels = (pixels - np.asarray(description.mean, dtype=np.float32)) / np.asarray(description.std, dtype=np.float32)
+        return pixels.transpose(2, 0, 1)
+
+    def _images_to_batch(self, images: list[bytes]) -> np.ndarray:
+        torch_common.check_batch_size(len(images), "image list")
+        return np.stack([self._preprocess(image) for image in images])
+
+    def predict(self, input_data: Any) -> Any:
+        """Base64 image (or a list of them), or a preprocessed nested list [3,H,W] / [N,3,H,W]."""
+        if isinstance(input_data, str):
+            batch = self._images_to_batch([_from_base64(input_data)])
+        elif isinstance(input_data, list) and input_data and all(isinstance(i, str) for i in input_data):
+            batch = self._images_to_batch([_from_base64(item) for item in input_data])
+        elif isinstance(input_data, list) and input_data:
+            batch = _tensor_from_json(input_data)
+        else:
+            raise errors.BadInput(
+                "input_data must be a base64-encoded image, a list of them, or a tensor [3,H,W] / [N,3,H,W]; "
+                f"got {type(input_data).__name__ if input_data != [] else 'an empty list'}"
+            )
+        return torch_common.labelled_rows(self._classify(batch), self.description.labels)
+
+    def infer(self, inputs: dict[str, np.ndarray], parameters: dict[str, Any]) -> dict[str, np.ndarray]:
+        if set(inputs) == {TENSOR_INPUT}:
+            tensor = inputs[TENSOR_INPUT]
+            if tensor.dtype.kind != "f":
+                raise errors.BadInput(f"input {TENSOR_INPUT!r} must be FP32, got {tensor.dtype}")
+            batch = tensor
+        elif set(inputs) == {IMAGE_INPUT}:
+            images = inputs[IMAGE_INPUT].reshape(-1).tolist()
+            batch = self._images_to_batch([_image_bytes(item) for item in images])
+        else:
+            raise errors.BadInput(
+                f"model {self.spec.id!r} takes one input: {TENSOR_INPUT!r} (FP32 [N,3,H,W]) "
+                f"or {IMAGE_INPUT!r} (BYTES [N] of encoded images); got {sorted(inputs)}"
+            )
+        return {PROBABILITIES_OUTPUT: self._classify(batch)}
+
+    def inputs(self) -> list[TensorSpec]:
+        d = self._description
+        height, width = (d.height, d.width) if d else (-1, -1)
+        return [TensorSpec(TENSOR_INPUT, "FP32", [-1, 3, height, width]), TensorSpec(IMAGE_INPUT, "BYTES", [-1])]
+
+    def outputs(self) -> list[TensorSpec]:
+        classes = len(self._description.labels) if self._description else -1
+        return [TensorSpec(PROBABILITIES_OUTPUT, "FP32", [-1, classes])]
+
+    @property
+    def labels(self) -> list[str]:
+        return list(self._description.labels) if self._description else []
+
+    def unload(self) -> None:
+        self._model = None
+        memory.release()
+
+    def measured_bytes(self) -> int:
+        return self._bytes
+
+    def is_ready(self) -> bool:
+        return self._model is not None
+
+
+def _from_base64(text: str) -> bytes:
+    """Base64 (plain or a data: URL) -> bytes; BadInput when it is not base64."""
+    if text.startswith("data:") and "," in text:
+        text = text.split(",", 1)[1]
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise errors.BadInput(f"image is not valid base64: {exc}") from exc
+
+
+def _image_bytes(item: Any) -> bytes:
+    """An OIP BYTES element: raw encoded image bytes, or base64 text of them (JSON clients)."""
+    if isinstance(item, str):
+        return _from_base64(item)
+    if isinstance(item, bytes):
+        if item[:8].startswith((b"\x89PNG", b"\xff\xd8", b"GIF8", b"BM", b"RIFF")):
+            return item
+        try:
+            return _from_base64(item.decode("ascii"))
+        except (UnicodeDecodeError, errors.BadInput):
+            return item  # let the decoder name the problem
+    raise errors.BadInput(f"input {IMAGE_INPUT!r} must be BYTES of encoded images, got {type(item).__name__}")
+
+
+def _tensor_from_json(data: list[Any]) -> np.ndarray:
+    try:
+        array = np.asarray(data, dtype=np.float32)
+    except (ValueError, TypeError) as exc:
+        raise errors.BadInput(f"tensor input must be a rectangular nested list of numbers: {exc}") from exc
+    return array[None] if array.ndim == 3 else array

@@ -1,0 +1,161 @@
+"""Hugging Face transformers models saved with ``save_pretrained``, run in the worker's process.
+
+Two tasks: ``text-classification`` (softmax probabilities named by the
+model's own ``config.id2label``) and ``embedding`` (mean pooling over the
+tokens, L2-normalised). Files come from the model's source folder only; the
+hub is never asked.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+
+from modelplane_common import errors
+from modelplane_common.spec import Task
+from modelplane_worker import engine, memory
+from modelplane_worker.frameworks import sources, torch_common
+from modelplane_worker.frameworks.base import FrameworkWorker, TensorSpec
+
+TEXT_INPUT = "text"
+PROBABILITIES_OUTPUT = "probabilities"
+EMBEDDING_OUTPUT = "embedding"
+SUPPORTED_TASKS = (Task.TEXT_CLASSIFICATION, Task.EMBEDDING)
+
+
+@engine.register("transformers")
+class TransformersWorker(FrameworkWorker):
+    """A text classifier or a sentence encoder."""
+
+    def __init__(self, spec: Any, context: Any) -> None:
+        super().__init__(spec, context)
+        self._model: Any = None
+        self._tokenizer: Any = None
+        self._labels: list[str] = []
+        self._width = 0  # classes or embedding dimensions
+        self._bytes = 0
+        self._device: Any = None
+        # Fast tokenizers raise "Already borrowed" when two threads call one at once.
+        self._tokenizer_lock = threading.Lock()
+
+    @property
+    def task(self) -> Task:
+        return Task(self.spec.task)
+
+    def load(self) -> None:
+        if self.task not in SUPPORTED_TASKS:
+            supported = ", ".join(t.value for t in SUPPORTED_TASKS)
+            raise errors.ModelLoadFailed(
+                f"model {self.spec.id!r}: the transformers worker serves tasks {supported}, not {self.task.value!r}"
+            )
+        folder = sources.resolve(self.spec.source, self.context.source_roots)
+        from transformers import AutoModel, AutoModelForSequenceClassification, AutoTokenizer
+
+        self._device = torch_common.torch_device(self.context.device)
+        model_class = AutoModelForSequenceClassification if self.task == Task.TEXT_CLASSIFICATION else AutoModel
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+            model = model_class.from_pretrained(str(folder), local_files_only=True)
+        except Exception as exc:  # transformers raises OSError, ValueError, KeyError, safetensors errors...
+            raise errors.ModelLoadFailed(
+                f"model {self.spec.id!r}: transformers could not load {folder}: {type(exc).__name__}: {exc}"
+            ) from exc
+        model = model.to(self._device).eval()
+        self._tokenizer, self._model = tokenizer, model
+        if self.task == Task.TEXT_CLASSIFICATION:
+            id2label = model.config.id2label or {}
+            self._width = int(model.config.num_labels)
+            self._labels = [str(id2label.get(i, f"LABEL_{i}")) for i in range(self._width)]
+        else:
+            self._width = int(model.config.hidden_size)
+        self._bytes = memory.module_bytes(model)
+
+    def _require_loaded(self) -> None:
+        if self._model is None:
+            raise errors.BackendUnavailable(f"model {self.spec.id!r} is not loaded")
+
+    def _run(self, texts: list[str]) -> np.ndarray:
+        """Probabilities [N, C] or normalised embeddings [N, D] as float32."""
+        self._require_loaded()
+        torch_common.check_batch_size(len(texts), "input text list")
+        import torch
+
+        with self._tokenizer_lock:
+            batch = self._tokenizer(texts, padding=True, truncation=True, return_tensors="pt")
+        batch = {name: tensor.to(self._device) for name, tensor in batch.items()}
+        with torch.inference_mode():
+            if self.task == Task.TEXT_CLASSIFICATION:
+                result = torch.softmax(self._model(**batch).logits.float(), dim=-1)
+            else:
+                hidden = self._model(**batch).last_hidden_state.float()
+                mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+                pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)
+                result = torch.nn.functional.normalize(pooled, p=2, dim=-1)
+        return result.cpu().numpy().astype(np.float32)
+
+    def predict(self, input_data: Any) -> Any:
+        texts = _texts_from_json(input_data)
+        result = self._run(texts)
+        if self.task == Task.TEXT_CLASSIFICATION:
+            return torch_common.labelled_rows(result, self._labels)
+        return [{"embedding": row} for row in result.tolist()]
+
+    def infer(self, inputs: dict[str, np.ndarray], parameters: dict[str, Any]) -> dict[str, np.ndarray]:
+        if set(inputs) != {TEXT_INPUT}:
+            raise errors.BadInput(
+                f"model {self.spec.id!r} takes exactly one input {TEXT_INPUT!r} (BYTES [N]); got {sorted(inputs)}"
+            )
+        result = self._run(_texts_from_tensor(inputs[TEXT_INPUT]))
+        name = PROBABILITIES_OUTPUT if self.task == Task.TEXT_CLASSIFICATION else EMBEDDING_OUTPUT
+        return {name: result}
+
+    def inputs(self) -> list[TensorSpec]:
+        return [TensorSpec(TEXT_INPUT, "BYTES", [-1])]
+
+    def outputs(self) -> list[TensorSpec]:
+        name = PROBABILITIES_OUTPUT if self.task == Task.TEXT_CLASSIFICATION else EMBEDDING_OUTPUT
+        return [TensorSpec(name, "FP32", [-1, self._width or -1])]
+
+    @property
+    def labels(self) -> list[str]:
+        return list(self._labels)
+
+    def unload(self) -> None:
+        self._model = None
+        self._tokenizer = None
+        memory.release()
+
+    def measured_bytes(self) -> int:
+        return self._bytes
+
+    def is_ready(self) -> bool:
+        return self._model is not None
+
+
+def _texts_from_json(input_data: Any) -> list[str]:
+    if isinstance(input_data, str):
+        return [input_data]
+    if isinstance(input_data, list) and all(isinstance(item, str) for item in input_data):
+        return list(input_data)
+    raise errors.BadInput(
+        f"input_data must be a string or a list of strings, got {type(input_data).__name__}"
+    )
+
+
+def _texts_from_tensor(tensor: np.ndarray) -> list[str]:
+    if tensor.ndim == 2 and tensor.shape[1] == 1:
+        tensor = tensor[:, 0]
+    if tensor.ndim != 1:
+        raise errors.BadInput(f"input {TEXT_INPUT!r} must have shape [N], got {list(tensor.shape)}")
+    texts = []
+    for item in tensor.tolist():
+        if isinstance(item, bytes):
+            try:
+                item = item.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise errors.BadInput(f"input {TEXT_INPUT!r} holds bytes that are not UTF-8 text: {exc}") from exc
+        if not isinstance(item, str):
+            raise errors.BadInput(f"input {TEXT_INPUT!r} must be BYTES (text), got {tensor.dtype} elements")
+        texts.append(item)
+    return texts

@@ -1,0 +1,317 @@
+"""``triton`` models: served by the pod's Triton sidecar, driven through its repository API.
+
+Load stages the model folder into the repository shared with the sidecar
+(copied under a temporary name, then renamed, so Triton never sees half a
+model) and asks Triton to load it in explicit mode. Tensor names, datatypes
+and shapes come from the model's own metadata, never from constants here.
+Unload is explicit: Triton unloads, then the staged folder goes.
+
+Memory: the model runs in Triton's processes, not ours, and in a pod the
+sidecar is another container whose pids we cannot see, so ``measured_bytes``
+reports the spec's estimate (or ``DEFAULT_ESTIMATE_BYTES`` when it has none).
+"""
+from __future__ import annotations
+
+import re
+import shutil
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from modelplane_common import errors
+from modelplane_worker import engine
+from modelplane_worker.frameworks import sources
+from modelplane_worker.frameworks.base import FrameworkWorker, TensorSpec
+
+DEFAULT_ESTIMATE_BYTES = 64 * 2**20
+STAGING_PREFIX = ".staging-"
+CONFIG_FILE = "config.pbtxt"
+# The top-level `name: "..."` of a config.pbtxt (nested messages are indented).
+_CONFIG_NAME = re.compile(r'^name\s*:\s*"[^"]*"\s*$', re.MULTILINE)
+
+
+def _connection_errors() -> tuple[type[BaseException], ...]:
+    """What tritonclient raises when the sidecar does not answer: socket errors, gevent timeouts."""
+    try:
+        from gevent import Timeout
+    except ImportError:
+        return (OSError,)
+    return (OSError, Timeout)
+
+
+def client_address(url: str) -> str:
+    """tritonclient wants host:port; accept http://host:port from configuration too."""
+    return url.split("://", 1)[-1].rstrip("/")
+
+
+class TritonClients:
+    """One tritonclient per thread: its gevent connection pool must stay on the thread that made it."""
+
+    def __init__(self, url: str) -> None:
+        self.url = client_address(url)
+        self._local = threading.local()
+        self._all: list[Any] = []
+        self._lock = threading.Lock()
+
+    def get(self) -> Any:
+        client = getattr(self._local, "client", None)
+        if client is None:
+            import tritonclient.http as triton_http
+
+            client = triton_http.InferenceServerClient(self.url, connection_timeout=5.0, network_timeout=60.0)
+            self._local.client = client
+            with self._lock:
+                self._all.append(client)
+        return client
+
+    def close(self) -> None:
+        with self._lock:
+            clients, self._all = self._all, []
+        for client in clients:
+            try:
+                client.close()
+            except Exception:  # closing is best effort: the sidecar may be gone
+                pass
+        self._local = threading.local()
+
+
+def _triton_exception() -> type[Exception]:
+    from tritonclient.utils import InferenceServerException
+
+    return InferenceServerException
+
+
+def _message(exc: Exception) -> str:
+    message = getattr(exc, "message", None)
+    text = message() if callable(message) else str(exc)
+    return (text or type(exc).__name__).strip()
+
+
+@engine.register("triton")
+class TritonWorker(FrameworkWorker):
+    """A model that lives in the Triton sidecar; this object only stages, loads and forwards."""
+
+    def __init__(self, spec: Any, context: Any) -> None:
+        super().__init__(spec, context)
+        self._clients = TritonClients(context.triton_url)
+        self._inputs: list[TensorSpec] = []
+        self._outputs: list[TensorSpec] = []
+        self._loaded = False
+
+    @property
+    def triton_name(self) -> str:
+        """The model's name inside Triton: its modelplane id (folder and config name agree)."""
+        return self.spec.id
+
+    @property
+    def staged_folder(self) -> Path:
+        return Path(self.context.triton_repository) / self.triton_name
+
+    # -- calls to the sidecar, with one translation of failures ---------------------------
+
+    def _call(self, what: str, method: str, *args: Any, **kwargs: Any) -> Any:
+        """Call tritonclient; a sidecar that is down -> BackendUnavailable (503)."""
+        try:
+            return getattr(self._clients.get(), method)(*args, **kwargs)
+        except _triton_exception():
+            raise
+        except _connection_errors() as exc:
+            raise errors.BackendUnavailable(
+                f"Triton sidecar at {self._clients.url} is unavailable ({what} {self.triton_name!r}): {exc}"
+            ) from exc
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def load(self) -> None:
+        folder = sources.resolve(self.spec.source, self.context.source_roots)
+        if not folder.is_dir():
+            raise errors.ModelLoadFailed(f"model {self.spec.id!r}: triton source {folder} is not a folder")
+        self._stage(folder)
+        try:
+            self._call("loading", "load_model", self.triton_name)
+        except _triton_exception() as exc:
+            self._remove_staged()
+            raise errors.ModelLoadFailed(f"Triton refused model {self.spec.id!r}: {_message(exc)}") from exc
+        except errors.BackendUnavailable:
+            self._remove_staged()
+            raise
+        try:
+            self._read_metadata()
+        except Exception:
+            self.unload()
+            raise
+        self._loaded = True
+
+    def _stage(self, source: Path) -> None:
+        """Copy `source` into the repository as <id>, atomically (temp name, then rename)."""
+        repository = Path(self.context.triton_repository)
+        staging = repository / f"{STAGING_PREFIX}{self.triton_name}-{uuid.uuid4().hex[:8]}"
+        try:
+            repository.mkdir(parents=True, exist_ok=True)
+            shutil.copytree(source, staging, symlinks=False)
+            self._rename_in_config(staging / CONFIG_FILE)
+            if self.staged_folder.exists():
+                shutil.rmtree(self.staged_folder)
+            staging.rename(self.staged_folder)
+        except OSError as exc:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise errors.ModelLoadFailed(
+                f"model {self.spec.id!r}: cannot stage {source} into {repository}: {exc}"
+            ) from exc
+
+    def _rename_in_config(self, config: Path) -> None:
+        """Triton requires the config's name to match its folder: serve the model under its id."""
+        if not config.is_file():
+            return  # Triton may auto-complete a config for some backends; it says so if it cannot
+        text = config.read_text()
+        renamed = _CONFIG_NAME.sub(f'name: "{self.triton_name}"', text, count=1)
+        if renamed != text:
+            config.write_text(renamed)
+
+    def _read_metadata(self) -> None:
+        try:
+            metadata = self._call("reading metadata of", "get_model_metadata", self.triton_name)
+        except _triton_exception() as exc:
+            raise errors.ModelLoadFailed(f"Triton has no metadata for {self.spec.id!r}: {_message(exc)}") from exc
+        self._inputs = [_tensor_spec(t) for t in metadata.get("inputs", [])]
+        self._outputs = [_tensor_spec(t) for t in metadata.get("outputs", [])]
+
+    def unload(self) -> None:
+        """Unload in Triton (if it is reachable), then remove the staged folder."""
+        self._loaded = False
+        try:
+            self._call("unloading", "unload_model", self.triton_name)
+        except (_triton_exception(), errors.BackendUnavailable):
+            pass  # a sidecar that is gone or never had the model holds nothing of it
+        finally:
+            self._remove_staged()
+            self._clients.close()
+
+    def _remove_staged(self) -> None:
+        shutil.rmtree(self.staged_folder, ignore_errors=True)
+
+    def measured_bytes(self) -> int:
+        return self.spec.memory_bytes or DEFAULT_ESTIMATE_BYTES
+
+    def is_ready(self) -> bool:
+        if not self._loaded:
+            return False
+        try:
+            return bool(self._call("checking", "is_model_ready", self.triton_name))
+        except (_triton_exception(), errors.BackendUnavailable):
+            return False
+
+    def inputs(self) -> list[TensorSpec]:
+        return list(self._inputs)
+
+    def outputs(self) -> list[TensorSpec]:
+        return list(self._outputs)
+
+    # -- inference -------------------------------------------------------------------------
+
+    def infer(self, inputs: dict[str, np.ndarray], parameters: dict[str, Any]) -> dict[str, np.ndarray]:
+        if not self._loaded:
+            raise errors.BackendUnavailable(f"model {self.spec.id!r} is not loaded")
+        expected = {spec.name: spec for spec in self._inputs}
+        missing = sorted(set(expected) - set(inputs))
+        unknown = sorted(set(inputs) - set(expected))
+        if missing or unknown:
+            raise errors.BadInput(
+                f"model {self.spec.id!r} takes inputs {sorted(expected)}; missing {missing}, unexpected {unknown}"
+            )
+        import tritonclient.http as triton_http
+
+        request_inputs = []
+        for name, spec in expected.items():
+            array = _conform(inputs[name], spec)
+            tensor = triton_http.InferInput(name, list(array.shape), spec.datatype)
+            tensor.set_data_from_numpy(array, binary_data=True)
+            request_inputs.append(tensor)
+        request_outputs = [triton_http.InferRequestedOutput(spec.name, binary_data=True) for spec in self._outputs]
+        try:
+            result = self._call("inferring with", "infer", self.triton_name, request_inputs,
+                                outputs=request_outputs)
+        except _triton_exception() as exc:
+            status = str(exc.status() or "")
+            if "unknown model" in _message(exc):
+                raise errors.BackendUnavailable(
+                    f"Triton no longer holds model {self.spec.id!r} (sidecar restarted?): {_message(exc)}"
+                ) from exc
+            if status.startswith("4"):
+                raise errors.BadInput(f"Triton rejected the request for {self.spec.id!r}: {_message(exc)}") from exc
+            raise errors.BackendUnavailable(f"Triton failed to serve {self.spec.id!r}: {_message(exc)}") from exc
+        return {spec.name: result.as_numpy(spec.name) for spec in self._outputs}
+
+    def predict(self, input_data: Any) -> Any:
+        """JSON in: a nested list for a one-input model, or {input name: nested list}; out: {output: list}."""
+        if isinstance(input_data, dict):
+            arrays = input_data
+        elif len(self._inputs) == 1:
+            arrays = {self._inputs[0].name: input_data}
+        else:
+            names = [spec.name for spec in self._inputs]
+            raise errors.BadInput(f"model {self.spec.id!r} has inputs {names}: send input_data as {{name: values}}")
+        tensors = {}
+        specs = {spec.name: spec for spec in self._inputs}
+        for name, values in arrays.items():
+            spec = specs.get(name)
+            if spec is None:
+                raise errors.BadInput(f"model {self.spec.id!r} has no input {name!r}; inputs: {sorted(specs)}")
+            tensors[name] = _add_batch_dimension(_array_from_json(name, values, spec), spec)
+        outputs = self.infer(tensors, {})
+        return {name: _jsonable(array) for name, array in outputs.items()}
+
+
+def _tensor_spec(raw: dict[str, Any]) -> TensorSpec:
+    return TensorSpec(name=raw["name"], datatype=raw["datatype"], shape=[int(d) for d in raw.get("shape", [])])
+
+
+def _numpy_dtype(datatype: str) -> Any:
+    from tritonclient.utils import triton_to_np_dtype
+
+    return triton_to_np_dtype(datatype)
+
+
+def _conform(array: np.ndarray, spec: TensorSpec) -> np.ndarray:
+    """Check the shape against the model's metadata and cast to its datatype; BadInput names the tensor."""
+    array = np.asarray(array)
+    if spec.shape and (array.ndim != len(spec.shape) or any(
+            want != -1 and want != got for want, got in zip(spec.shape, array.shape))):
+        raise errors.BadInput(f"input {spec.name!r} must have shape {spec.shape}, got {list(array.shape)}")
+    if spec.datatype == "BYTES":
+        if array.dtype.kind not in "OSU":
+            raise errors.BadInput(f"input {spec.name!r} must be BYTES, got {array.dtype}")
+        return array.astype(np.object_)
+    if array.dtype.kind in "OSUV":
+        raise errors.BadInput(f"input {spec.name!r} must be {spec.datatype}, got {array.dtype}")
+    if spec.datatype == "BOOL" and array.dtype != np.bool_:
+        raise errors.BadInput(f"input {spec.name!r} must be BOOL, got {array.dtype}")
+    target = _numpy_dtype(spec.datatype)
+    if array.dtype.kind == "f" and np.dtype(target).kind in "iub":
+        raise errors.BadInput(f"input {spec.name!r} must be {spec.datatype} (integers), got {array.dtype}")
+    return np.ascontiguousarray(array.astype(target, copy=False))
+
+
+def _array_from_json(name: str, values: Any, spec: TensorSpec) -> np.ndarray:
+    try:
+        if spec.datatype == "BYTES":
+            return np.asarray(values, dtype=np.object_)
+        return np.asarray(values, dtype=_numpy_dtype(spec.datatype))
+    except (ValueError, TypeError) as exc:
+        raise errors.BadInput(f"input {name!r} must be a rectangular nested list of {spec.datatype}: {exc}") from exc
+
+
+def _add_batch_dimension(array: np.ndarray, spec: TensorSpec) -> np.ndarray:
+    """One example for a batched model ([-1, 4] given [4]) becomes a batch of one."""
+    if spec.shape and spec.shape[0] == -1 and array.ndim == len(spec.shape) - 1:
+        return array[None]
+    return array
+
+
+def _jsonable(array: np.ndarray) -> Any:
+    if array.dtype == np.object_:
+        return [item.decode("utf-8", "replace") if isinstance(item, bytes) else item for item in array.reshape(-1)]
+    return array.tolist()

@@ -1,0 +1,37 @@
+"""Fixtures for the worker suite: the sample models and a real tritonserver."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from modelplane_common.spec import ModelSpec
+from modelplane_testing.triton import TritonServer, start_tritonserver
+from modelplane_worker import samples
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="session")
+def sample_store() -> Path:
+    """build/models/model-store.json, made (idempotently, seconds when already built) by the real generator."""
+    return samples.generate(REPO / "build" / "models")
+
+
+@pytest.fixture(scope="session")
+def sample_specs(sample_store: Path) -> dict[str, ModelSpec]:
+    import json
+
+    return {raw["id"]: ModelSpec(**raw) for raw in json.loads(sample_store.read_text())["models"]}
+
+
+@pytest.fixture(scope="session")
+def tritonserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
+    """A real tritonserver started by modelplane-triton on free loopback ports, stopped by pid."""
+    root = tmp_path_factory.mktemp("triton")
+    server = start_tritonserver(root / "repository", log_dir=root)
+    try:
+        yield server
+    finally:
+        server.stop()

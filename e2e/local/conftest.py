@@ -6,18 +6,22 @@ test fails, object state, events, describe output and every log are printed.
 """
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent)]  # this tier's helpers, and e2e/scenarios shared with the kind tier
 
 from agent_process import AgentProcess, start_agent, wait_for  # noqa: E402
 from diagnostics import dump  # noqa: E402
 from kube import Kube, condition  # noqa: E402
 from modelplane_testing import kube_cluster as kube_cluster_mod  # noqa: E402
+from platform_local import REPO, LocalPlatform, prepare_namespace  # noqa: E402
+from scenarios.platform import Kube as ScenarioKube  # noqa: E402
 
 NODES = ["gpu-node-1", "gpu-node-2", "gpu-node-3", "gpu-node-4"]
 _state: dict[str, object] = {}
@@ -59,6 +63,30 @@ def agent(cluster: kube_cluster_mod.KubeCluster, kube: Kube,
     finally:
         running.stop()
         _state.pop("agent", None)
+
+
+@pytest.fixture(scope="session")
+def models_dir() -> Path:
+    """The sample models (`modelplane-samples`, idempotent: seconds when already built)."""
+    out = REPO / "build" / "models"
+    subprocess.run([str(Path(sys.executable).parent / "modelplane-samples"), "--out", str(out)], check=True,
+                   capture_output=True, timeout=900)
+    return out.resolve()
+
+
+@pytest.fixture(scope="session")
+def platform(cluster: kube_cluster_mod.KubeCluster, agent: AgentProcess, models_dir: Path) -> LocalPlatform:
+    """modelplane installed from the chart (helm template + kubectl apply), operator and router Ready."""
+    prepare_namespace(cluster, models_dir)
+    installed = LocalPlatform(cluster, agent)
+    installed.install()
+    installed.wait_installed()
+    return installed
+
+
+@pytest.fixture(scope="session")
+def sm_kube(platform: LocalPlatform) -> ScenarioKube:
+    return platform.kube
 
 
 @pytest.hookimpl(hookwrapper=True)

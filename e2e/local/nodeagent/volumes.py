@@ -2,8 +2,8 @@
 
 - emptyDir: a fresh folder under the pod's state folder;
 - hostPath: the path itself;
-- persistentVolumeClaim: ``<pvc root>/<claimName>`` (the agent's --pvc-root,
-  so a test can point a claim at a folder of sample models);
+- persistentVolumeClaim: the hostPath (or local path) of the PersistentVolume
+  the claim is bound to; else ``<pvc root>/<claimName>`` (the agent's --pvc-root);
 - configMap / secret: a folder holding one file per key (items honoured);
 - projected: the sources above plus serviceAccountToken, merged into one folder.
 
@@ -53,10 +53,7 @@ class VolumeMaker:
         if "hostPath" in volume:
             return Path(volume["hostPath"]["path"])
         if "persistentVolumeClaim" in volume:
-            claim = volume["persistentVolumeClaim"]["claimName"]
-            if self._pvc_root is None or not (self._pvc_root / claim).exists():
-                raise VolumeError(f"claim {claim!r}: no folder {self._pvc_root}/{claim} (start the agent with --pvc-root)")
-            return self._pvc_root / claim
+            return self._claim_folder(volume["persistentVolumeClaim"]["claimName"])
         if "configMap" in volume:
             data = self._config_map(volume["configMap"]["name"], bool(volume["configMap"].get("optional")))
             return self._write(folder, data, volume["configMap"].get("items"))
@@ -80,6 +77,17 @@ class VolumeMaker:
             elif "downwardAPI" in source:
                 self._write(folder, {"namespace": self._namespace}, None)
         return folder
+
+    def _claim_folder(self, claim: str) -> Path:
+        bound = self._core.read_namespaced_persistent_volume_claim(claim, self._namespace).spec.volume_name
+        if bound:
+            volume = self._core.read_persistent_volume(bound).spec
+            source = volume.host_path or volume.local
+            if source is not None and Path(source.path).exists():
+                return Path(source.path)
+        if self._pvc_root is not None and (self._pvc_root / claim).exists():
+            return self._pvc_root / claim
+        raise VolumeError(f"claim {claim!r} is bound to no hostPath/local volume here and {self._pvc_root}/{claim} does not exist")
 
     def _config_map(self, name: str, optional: bool) -> dict[str, str]:
         try:

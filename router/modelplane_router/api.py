@@ -13,7 +13,6 @@ import hmac
 import time
 from typing import Any, AsyncIterator
 
-import httpx
 import pydantic
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
@@ -23,16 +22,10 @@ from modelplane_common import errors
 from modelplane_common.http import install_error_handler, read_body_limited
 from modelplane_common.wire import CopyState, PredictRequest
 from modelplane_router.service import RouterService
-from modelplane_router.upstream import PASSED_RESPONSE_HEADERS
+from modelplane_router.upstream import PASSED_RESPONSE_HEADERS, UpstreamResponse
 
 SERVER_NAME = "modelplane-router"
 DEFAULT_MAX_BODY_BYTES = 64 * 2**20
-
-
-class InvalidRequest(errors.ModelplaneError):
-    """Malformed JSON or a missing field, as the worker answers it."""
-
-    status_code = 422
 
 
 class Forbidden(errors.ModelplaneError):
@@ -50,7 +43,7 @@ def check_admin(request: Request, admin_token: str | None) -> None:
         raise error
 
 
-def passed_response(upstream: httpx.Response) -> Response:
+def passed_response(upstream: UpstreamResponse) -> Response:
     headers = {k: v for k, v in upstream.headers.items() if k.lower() in PASSED_RESPONSE_HEADERS}
     return Response(content=upstream.content, status_code=upstream.status_code, headers=headers)
 
@@ -103,7 +96,7 @@ def create_app(service: RouterService, admin_token: str | None = None, max_body_
             parsed = PredictRequest.model_validate_json(body)
         except pydantic.ValidationError as exc:
             problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in exc.errors())
-            raise InvalidRequest(f"invalid /predict request: {problems}") from None
+            raise errors.InvalidRequest(f"invalid /predict request: {problems}") from None
         return await forward(parsed.model_id, request, body)
 
     @app.post("/v2/models/{name}/infer")

@@ -19,15 +19,13 @@ import logging
 import random
 from typing import Awaitable, Callable, Mapping
 
-import httpx
-
 from modelplane_common import errors
 from modelplane_router import placement
 from modelplane_router.model_map import ModelMap
 from modelplane_router.replication import Action, ModelLimits, ReplicationPolicy
 from modelplane_router.status_sync import StatusSync
 from modelplane_router.telemetry import RouterMetrics
-from modelplane_router.upstream import PodUnreachable, WorkerClient, WorkerError
+from modelplane_router.upstream import PodUnreachable, UpstreamResponse, WorkerClient, WorkerError
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +141,7 @@ class Router:
 
     # --- forwarding -----------------------------------------------------------------------
 
-    async def forward(self, model: str, method: str, path: str, body: bytes, headers: Mapping[str, str]) -> httpx.Response:
+    async def forward(self, model: str, method: str, path: str, body: bytes, headers: Mapping[str, str]) -> UpstreamResponse:
         """Send a request for `model` to a ready copy, retrying once elsewhere on failure."""
         self.policy.record_request(model)
         urls = await self.ready_copies(model)
@@ -156,23 +154,25 @@ class Router:
         if not others and response is not None:
             return response  # a 5xx with no other copy to try: the worker's answer stands
         if not others:
-            others = [u for u in await self.ready_copies(model) if u != first]
-        second = self.choose_copy(model, others) if others else None
-        retried = await self._try(second, model, method, path, body, headers) if second else None
+            # No other copy: the first pod, if it survived its status check, or a new placement.
+            others = await self.ready_copies(model)
+        retried = await self._try(self.choose_copy(model, others), model, method, path, body, headers)
         if retried is not None:
             return retried
         if response is not None:
             return response
         raise errors.BackendUnavailable(f"no ready copy of {model!r} answered", self.retry_after_s)
 
-    async def _try(self, url: str, model: str, method: str, path: str, body: bytes, headers: Mapping[str, str]) -> httpx.Response | None:
-        """One attempt; None if the pod did not answer (it has left the map)."""
+    async def _try(self, url: str, model: str, method: str, path: str, body: bytes, headers: Mapping[str, str]) -> UpstreamResponse | None:
+        """One attempt; None if the pod did not answer."""
         self.model_map.begin_request(url, model)
         try:
             response = await self.client.forward(url, method, path, body, headers)
         except PodUnreachable as exc:
             log.warning("%s", exc)
-            self.model_map.remove_pod(url)
+            # A dead pod also fails its status call and leaves the map at once; a stale
+            # keep-alive connection on a live pod does not cost the pod its place.
+            await self.sync.refresh(url)
             return None
         finally:
             self.model_map.end_request(url, model)

@@ -9,13 +9,12 @@ from __future__ import annotations
 import asyncio
 import logging
 
-import httpx
 import pydantic
 
 from modelplane_common import errors
 from modelplane_router.discovery import Discovery
 from modelplane_router.model_map import ModelMap
-from modelplane_router.upstream import PodUnreachable, WorkerClient
+from modelplane_router.upstream import PodUnreachable, WorkerClient, WorkerError
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +30,7 @@ class StatusSync:
         """Ask one pod for its report; True if it answered."""
         try:
             status = await self.client.status(url)
-        except (PodUnreachable, errors.UpstreamTimeout, httpx.HTTPStatusError, pydantic.ValidationError) as exc:
+        except (PodUnreachable, errors.UpstreamTimeout, WorkerError, pydantic.ValidationError) as exc:
             if self.model_map.pod(url) is not None:
                 log.warning("pod %s leaves the map: %s", url, exc)
             self.model_map.remove_pod(url)

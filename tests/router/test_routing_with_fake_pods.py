@@ -5,9 +5,9 @@ The real-process versions of these behaviours are in test_gateway_*.py.
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 
-import httpx
 import pytest
 
 from modelplane_common import errors
@@ -19,7 +19,7 @@ from modelplane_router.replication import ModelLimits, ReplicationPolicy, Replic
 from modelplane_router.routing import Router
 from modelplane_router.status_sync import StatusSync
 from modelplane_router.telemetry import RouterMetrics
-from modelplane_router.upstream import PodUnreachable
+from modelplane_router.upstream import PodUnreachable, UpstreamResponse
 
 MiB = 2**20
 
@@ -70,12 +70,12 @@ class FakeClient:
     async def unload(self, url: str, model: str) -> None:
         self._pod(url).loaded.pop(model, None)
 
-    async def forward(self, url, method, path, body, headers) -> httpx.Response:
+    async def forward(self, url, method, path, body, headers) -> UpstreamResponse:
         pod = self._pod(url)
         pod.served.append(path)
         if pod.fail_with:
-            return httpx.Response(pod.fail_with, json={"error": "boom"})
-        return httpx.Response(200, json={"pod": url})
+            return UpstreamResponse(pod.fail_with, {}, json.dumps({"error": "boom"}).encode())
+        return UpstreamResponse(200, {}, json.dumps({"pod": url}).encode())
 
 
 def build(pods: list[FakePod], load_delay_s: float = 0.0) -> tuple[Router, ModelMap, FakeClient]:

@@ -14,15 +14,16 @@ shared handler. Choices worth knowing:
   when a backend it needs is down or there is no room beside pinned models,
   507 when it can never fit the budget; the cache is unchanged in each case.
 - ``/v2/health/ready`` is 200 only when the Triton sidecar is ready (or the
-  worker has none) and every pinned model is loaded; ``/v2/health/live``
-  depends on nothing but the process.
+  worker has none), every pinned model is loaded and the start-up
+  preparation (importing the store's frameworks) is done;
+  ``/v2/health/live`` depends on nothing but the process.
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import json
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 import pydantic
 from fastapi import FastAPI, Request, Response
@@ -49,16 +50,23 @@ def create_app(
     pod_name: str,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     load_pinned: bool = True,
+    prepare: Callable[[], None] | None = None,
 ) -> FastAPI:
-    """A worker app around an assembled manager; it owns their lifetime from start-up to shutdown."""
+    """A worker app around an assembled manager; it owns their lifetime from start-up to shutdown.
+
+    `prepare` runs on a thread at start-up without delaying it (e.g. importing
+    the frameworks the store uses, so the first cold load does not pay for it).
+    """
     dataplane = DataPlane(manager, metrics, triton)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        preparing = asyncio.create_task(_prepare_then_set(prepare, prepared))
         pinned = asyncio.create_task(manager.keep_pinned_loaded()) if load_pinned else None
         try:
             yield
         finally:
+            await asyncio.gather(preparing, return_exceptions=True)
             if pinned is not None:
                 pinned.cancel()
                 await asyncio.gather(pinned, return_exceptions=True)
@@ -71,10 +79,13 @@ def create_app(
     async def body_of(request: Request) -> bytes:
         return await http.read_body_limited(request, max_body_bytes)
 
+    prepared = asyncio.Event()
+
     async def readiness() -> dict[str, Any]:
         triton_ready = await triton.pod_ready()
         missing = [key for key in manager.pinned_ids() if not manager.is_loaded(key)]
-        return {"ready": triton_ready and not missing, "triton_ready": triton_ready, "pinned_not_loaded": missing}
+        ready = triton_ready and not missing and prepared.is_set()
+        return {"ready": ready, "triton_ready": triton_ready, "pinned_not_loaded": missing, "prepared": prepared.is_set()}
 
     # ----- seed API ------------------------------------------------------
 
@@ -169,6 +180,14 @@ def create_app(
         return Response(metrics.exposition(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     return app
+
+
+async def _prepare_then_set(prepare: Callable[[], None] | None, done: asyncio.Event) -> None:
+    try:
+        if prepare is not None:
+            await asyncio.to_thread(prepare)
+    finally:
+        done.set()
 
 
 def parse_json_model(model: type[pydantic.BaseModel], raw: bytes) -> Any:

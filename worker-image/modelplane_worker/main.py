@@ -18,7 +18,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from modelplane_common import quantity
-from modelplane_worker import api, eviction
+from modelplane_worker import api, engine, eviction
 from modelplane_worker.frameworks.base import WorkerContext
 from modelplane_worker.manager import ModelManager
 from modelplane_worker.metrics import WorkerMetrics
@@ -170,7 +170,21 @@ def build_app(settings: Settings, store: ModelStore | None = None) -> FastAPI:
         observer=metrics,
         preflight=triton.require,
     )
-    return api.create_app(manager, metrics, triton, pod_name=settings.pod_name, max_body_bytes=settings.max_body_bytes)
+    frameworks = sorted({spec.framework.value for spec in store.list()})
+    return api.create_app(
+        manager, metrics, triton, pod_name=settings.pod_name, max_body_bytes=settings.max_body_bytes,
+        prepare=lambda: import_frameworks(frameworks),
+    )
+
+
+def import_frameworks(frameworks: Sequence[str]) -> None:
+    """Import the framework modules the store needs now, not during the first request (torch and
+    transformers take seconds to import). A framework that fails here fails its loads, clearly."""
+    for framework in frameworks:
+        try:
+            engine.worker_class(framework)
+        except Exception as exc:  # noqa: BLE001 - reported again, per model, when one loads
+            log.warning("framework %s is not available: %s", framework, exc)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

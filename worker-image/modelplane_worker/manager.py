@@ -277,8 +277,9 @@ class ModelManager:
             raise self._no_capacity(spec, estimate)
         try:
             worker = self._create_worker(spec, self.context)  # cheap: an unknown framework fails here
-        except errors.ModelplaneError as exc:
-            raise errors.ModelLoadFailed(f"cannot load model {spec.id!r}: {exc.message}") from None
+        except Exception as exc:  # noqa: BLE001 - an unknown framework, or its module failing to import
+            cause = exc.message if isinstance(exc, errors.ModelplaneError) else f"{type(exc).__name__}: {exc}"
+            raise errors.ModelLoadFailed(f"cannot load model {spec.id!r}: {cause}") from exc
         copy = _Copy(spec=spec, state=CopyState.LOADING, bytes=estimate, loading=asyncio.get_running_loop().create_future())
         self._copies[spec.id] = copy
         self._spawn(self._run_load(copy, worker))

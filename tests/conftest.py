@@ -1,11 +1,14 @@
 """Fixtures shared by every test suite."""
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Iterator
 
 import pytest
 
 from modelplane_testing import kube_cluster as kube_cluster_module
+
+CRD_DIR = Path(__file__).resolve().parents[1] / "crds"
 
 
 @pytest.fixture(scope="session")
@@ -23,6 +26,8 @@ def kube_cluster(kube_cluster_binaries: kube_cluster_module.Binaries,
     """A real etcd + kube-apiserver + controller-manager + scheduler for the session.
 
     Yields a KubeCluster: `.kubeconfig` (admin), `.server`, `.pids`, `.kubectl(...)`.
+    The project's CRDs are installed before the controllers start.
     """
-    with kube_cluster_module.running(tmp_path_factory.mktemp("kube")) as cluster:
+    crds = sorted(CRD_DIR.glob("*.yaml"))
+    with kube_cluster_module.running(tmp_path_factory.mktemp("kube"), manifests=crds) as cluster:
         yield cluster

@@ -10,7 +10,7 @@ registers) but never run. Everything started is stopped by pid.
     with kube_cluster.running() as cluster:
         cluster.kubectl("get", "ns")
 
-or, for a human: ``scripts/kube-up.sh`` (``python -m modelplane_testing.kube_cluster``).
+or, for a human: ``scripts/kube-up.sh`` (``python -m modelplane_testing.kube_cluster --manifest crds/servedmodel.yaml``).
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Sequence
 
 from modelplane_testing import pki as pki_mod
 
@@ -265,9 +265,12 @@ def _start_scheduler(cluster: KubeCluster) -> int:
     return port
 
 
-def start(workdir: Path | None = None, timeout: float = 180.0) -> KubeCluster:
+def start(workdir: Path | None = None, timeout: float = 180.0, manifests: Sequence[Path] = ()) -> KubeCluster:
     """Start the whole control plane and return once it serves and has a default ServiceAccount.
 
+    `manifests` (e.g. CRDs) are applied before kube-controller-manager starts: its
+    garbage collector only notices resource types added later on a 30 s resync,
+    so owner references to a custom resource would otherwise act late.
     On any failure everything already started is stopped before the error propagates.
     """
     binaries = find_binaries()
@@ -284,6 +287,8 @@ def start(workdir: Path | None = None, timeout: float = 180.0) -> KubeCluster:
         _poll(cluster, "etcd", lambda: _tcp_open(int(etcd_url.rsplit(":", 1)[1])), deadline)
         _start_apiserver(cluster, pki, etcd_url, port)
         _poll(cluster, "kube-apiserver /readyz", lambda: _https_ok(f"{server}/readyz", pki), deadline)
+        for manifest in manifests:
+            cluster.kubectl("apply", "-f", str(manifest))
         _start_controller_manager(cluster, pki)
         _start_scheduler(cluster)
         # The ServiceAccount controller runs in kube-controller-manager: without the
@@ -298,9 +303,10 @@ def start(workdir: Path | None = None, timeout: float = 180.0) -> KubeCluster:
 
 
 @contextlib.contextmanager
-def running(workdir: Path | None = None, timeout: float = 180.0) -> Iterator[KubeCluster]:
+def running(workdir: Path | None = None, timeout: float = 180.0,
+            manifests: Sequence[Path] = ()) -> Iterator[KubeCluster]:
     """Start a control plane for the block; stop it by pid afterwards, also on failure."""
-    cluster = start(workdir, timeout)
+    cluster = start(workdir, timeout, manifests)
     try:
         yield cluster
     finally:
@@ -325,9 +331,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", type=Path, default=None, help="data, logs and kubeconfig (default: a new temp dir)")
     parser.add_argument("--timeout", type=float, default=180.0)
+    parser.add_argument("--manifest", type=Path, action="append", default=[],
+                        help="apply before the controllers start (repeatable), e.g. crds/servedmodel.yaml")
     args = parser.parse_args()
     try:
-        cluster = start(args.workdir, args.timeout)
+        cluster = start(args.workdir, args.timeout, args.manifest)
     except BinariesMissing as exc:
         sys.exit(str(exc))
     print(f"control plane up at {cluster.server}")

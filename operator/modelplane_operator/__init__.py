@@ -1,0 +1,1 @@
+"""The modelplane operator: turns ServedModels into worker pods and keeps their status honest."""

@@ -1,0 +1,66 @@
+"""Operator settings: images, pool sizing and pod resources, from Helm values.
+
+Built once in main() (command line and environment) and handed to the
+handlers; nothing reads the environment at import time.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from modelplane_common import quantity
+
+ENV_PREFIX = "MODELPLANE_OPERATOR_"
+
+
+class OperatorConfig(BaseModel):
+    """Everything the pod and pool builders need besides the ServedModel itself."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    namespace: str = Field("default", description="namespace of the shared pool (the operator's own)")
+    worker_image: str = "ghcr.io/modelplane/worker:0.1.0"
+    triton_image: str = "nvcr.io/nvidia/tritonserver:24.10-py3"
+    image_pull_policy: str = "IfNotPresent"
+    gpus_per_pod: int = Field(1, ge=0, description="nvidia.com/gpu per worker pod; 0 on CPU-only clusters")
+    pod_memory_budget: int = Field(16 * 2**30, gt=0, description="bytes of model memory per worker pod")
+    worker_cpu: str = "2"
+    worker_memory: str = "24Gi"
+    triton_cpu: str = "2"
+    triton_memory: str = "8Gi"
+    worker_port: int = 8080
+    pool_name: str = "modelplane-pool"
+    pool_min_pods: int = Field(1, ge=0)
+    pool_max_pods: int = Field(8, ge=0)
+    model_store_configmap: str = "modelplane-models"
+    worker_service_account: str = Field("", description="worker pods' ServiceAccount; empty: the namespace default")
+    model_claims: tuple[str, ...] = Field((), description="PVCs mounted read-only into worker pods for pvc:// sources")
+    router_url: str = ""
+    status_interval_s: float = Field(15.0, gt=0)
+    startup_probe_failure_threshold: int = Field(120, ge=1, description="x 5 s: slow first loads")
+
+    @field_validator("pod_memory_budget", mode="before")
+    @classmethod
+    def _parse_budget(cls, value: Any) -> int:
+        return quantity.parse_bytes(value)
+
+    @field_validator("model_claims", mode="before")
+    @classmethod
+    def _split_claims(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return tuple(c.strip() for c in value.split(",") if c.strip())
+        return value
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "OperatorConfig":
+        """Read MODELPLANE_OPERATOR_<FIELD> variables (set by the Helm chart); overrides win."""
+        environ = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for name in cls.model_fields:
+            key = ENV_PREFIX + name.upper()
+            if key in environ:
+                values[name] = environ[key]
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)

@@ -1,0 +1,89 @@
+"""The few Kubernetes API calls the operator makes, with the verbs its RBAC grants.
+
+Children are written with server-side apply: re-applying an unchanged object
+is a no-op on the server, so reconciling twice (or after a restart) changes
+nothing and creates no duplicates.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes import client, config as kube_config
+from kubernetes.client.exceptions import ApiException
+
+from modelplane_common import spec as spec_module
+
+FIELD_MANAGER = "modelplane-operator"
+
+
+@dataclass(frozen=True)
+class WorkerPod:
+    name: str
+    ip: str
+    phase: str
+    ready: bool
+
+
+def connect() -> client.ApiClient:
+    """In-cluster credentials when running as a pod, else $KUBECONFIG (read now, not at import)."""
+    configuration = client.Configuration()
+    try:
+        kube_config.load_incluster_config(client_configuration=configuration)
+    except kube_config.ConfigException:
+        return kube_config.new_client_from_config(config_file=os.environ.get("KUBECONFIG") or None)
+    return client.ApiClient(configuration)
+
+
+class Kube:
+    def __init__(self, api: client.ApiClient) -> None:
+        self._apps = client.AppsV1Api(api)
+        self._core = client.CoreV1Api(api)
+        self._custom = client.CustomObjectsApi(api)
+
+    def apply_deployment(self, deployment: dict[str, Any]) -> str:
+        """Create or converge a Deployment; returns its resourceVersion after the call."""
+        meta = deployment["metadata"]
+        result = self._apps.patch_namespaced_deployment(
+            meta["name"], meta["namespace"], deployment, field_manager=FIELD_MANAGER, force=True,
+            _content_type="application/apply-patch+yaml")
+        return result.metadata.resource_version
+
+    def apply_configmap(self, configmap: dict[str, Any]) -> str:
+        meta = configmap["metadata"]
+        result = self._core.patch_namespaced_config_map(
+            meta["name"], meta["namespace"], configmap, field_manager=FIELD_MANAGER, force=True,
+            _content_type="application/apply-patch+yaml")
+        return result.metadata.resource_version
+
+    def deployment_version(self, namespace: str, name: str) -> str | None:
+        try:
+            return self._apps.read_namespaced_deployment(name, namespace).metadata.resource_version
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def delete_deployment(self, namespace: str, name: str) -> bool:
+        """Delete if present; False when there was nothing to delete."""
+        try:
+            self._apps.delete_namespaced_deployment(name, namespace, propagation_policy="Background")
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
+    def served_models(self, namespace: str) -> list[dict[str, Any]]:
+        listing = self._custom.list_namespaced_custom_object(
+            spec_module.GROUP, spec_module.VERSION, namespace, spec_module.PLURAL)
+        return list(listing.get("items", []))
+
+    def worker_pods(self, namespace: str, selector: str) -> list[WorkerPod]:
+        pods = self._core.list_namespaced_pod(namespace, label_selector=selector).items
+        return [WorkerPod(name=p.metadata.name, ip=(p.status.pod_ip or "") if p.status else "",
+                          phase=(p.status.phase or "") if p.status else "",
+                          ready=any(c.type == "Ready" and c.status == "True"
+                                    for c in ((p.status.conditions if p.status else None) or [])))
+                for p in pods if p.metadata.deletion_timestamp is None]

@@ -1,0 +1,44 @@
+"""`modelplane-operator`: parse settings, then run kopf with the operator's handlers.
+
+Settings come from the command line or MODELPLANE_OPERATOR_* variables (the
+Helm chart sets these); both are read here and nowhere else.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+
+import kopf
+
+from modelplane_operator.config import OperatorConfig
+from modelplane_operator.handlers import build_registry
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="modelplane-operator", description=__doc__.splitlines()[0])
+    parser.add_argument("--namespace", default=None,
+                        help="namespace to watch, where the shared pool lives (default: MODELPLANE_OPERATOR_NAMESPACE, "
+                             "else the pod's namespace, else 'default')")
+    parser.add_argument("--log-level", default=os.environ.get("MODELPLANE_LOG_LEVEL", "INFO"))
+    parser.add_argument("--liveness", default="http://0.0.0.0:8080/healthz",
+                        help="kopf's liveness endpoint for the Deployment's probe")
+    return parser.parse_args(argv)
+
+
+def _pod_namespace() -> str | None:
+    path = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+    return open(path).read().strip() if os.path.exists(path) else None
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    namespace = args.namespace or os.environ.get("MODELPLANE_OPERATOR_NAMESPACE") or _pod_namespace() or "default"
+    config = OperatorConfig.from_env(namespace=namespace)
+    kopf.run(registry=build_registry(config), standalone=True, namespaces=[config.namespace],
+             liveness_endpoint=args.liveness)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,40 @@
+"""ServedModel status from what the worker pods report: copies, readyReplicas, Ready.
+
+Pure functions: the timer handler feeds them the pods' reports and writes the
+result only when it differs from what the object already says.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from modelplane_common.spec import ModelSpec
+from modelplane_common.wire import CopyState, WorkerStatus
+
+
+def copies_of(model: str, reports: Mapping[str, WorkerStatus]) -> list[dict[str, Any]]:
+    """Every copy of `model` on any pod, in pod order, as the status field lists them."""
+    copies = []
+    for pod in sorted(reports):
+        for copy in reports[pod].models:
+            if copy.id != model:
+                continue
+            entry: dict[str, Any] = {"pod": pod, "state": copy.state.value, "bytes": copy.bytes}
+            if copy.reason:
+                entry["reason"] = copy.reason
+            copies.append(entry)
+    return copies
+
+
+def readiness(spec: ModelSpec, copies: list[dict[str, Any]]) -> tuple[bool, str, str]:
+    """(Ready, reason, message): ready when min copies are loaded; a failed load says why."""
+    ready = sum(1 for c in copies if c["state"] == CopyState.READY.value)
+    required = spec.replicas.min
+    failed = [c for c in copies if c["state"] == CopyState.FAILED.value]
+    if ready >= required and ready > 0:
+        return True, "CopiesReady", f"{ready} of {required} required copies ready"
+    if failed:
+        first = failed[0]
+        return False, "LoadFailed", f"load on pod {first['pod']} failed: {first.get('reason') or 'no reason given'}"
+    if required == 0:
+        return True, "LoadOnDemand", "no copies required; the router loads the model on its first request"
+    return False, "WaitingForCopies", f"{ready} of {required} required copies ready"

@@ -1,0 +1,85 @@
+"""Checks on a ServedModel that its OpenAPI schema cannot express.
+
+The API server already enforces types, enums, bounds and the source pattern.
+What needs the operator's settings (does the model fit a pod? can the pool
+hold min copies?) or cross-field logic is checked here; each problem names the
+field so `kubectl describe` tells the user what to fix.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pydantic
+
+from modelplane_common import quantity
+from modelplane_common.spec import ModelSpec, Placement
+from modelplane_operator.config import OperatorConfig
+
+# pydantic field names -> the ServedModel path a user writes.
+_FIELD_PATHS = {"id": "metadata.name", "source": "spec.source.uri", "memory": "spec.memory",
+                "memory_bytes": "spec.memory"}
+
+
+@dataclass(frozen=True)
+class Problem:
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.message}"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    spec: ModelSpec | None
+    problems: tuple[Problem, ...]
+
+    @property
+    def accepted(self) -> bool:
+        return not self.problems
+
+    def message(self) -> str:
+        return "; ".join(str(p) for p in self.problems)
+
+
+def _field_path(loc: tuple[Any, ...]) -> str:
+    head = str(loc[0]) if loc else "spec"
+    if head in _FIELD_PATHS:
+        return _FIELD_PATHS[head]
+    return ".".join(["spec", *(str(part) for part in loc)])
+
+
+def _schema_problems(error: pydantic.ValidationError) -> tuple[Problem, ...]:
+    problems = []
+    for item in error.errors():
+        message = str(item["msg"]).removeprefix("Value error, ")
+        problems.append(Problem(_field_path(tuple(item["loc"])), message))
+    return tuple(problems)
+
+
+def _placement_problems(spec: ModelSpec, config: OperatorConfig) -> list[Problem]:
+    problems: list[Problem] = []
+    if spec.memory_bytes > config.pod_memory_budget:
+        problems.append(Problem("spec.memory", (
+            f"{quantity.format_bytes(spec.memory_bytes)} does not fit a worker pod's model memory budget "
+            f"of {quantity.format_bytes(config.pod_memory_budget)}")))
+    if spec.placement is Placement.DEDICATED and spec.replicas.min < 1:
+        problems.append(Problem("spec.replicas.min", "must be at least 1 for placement: dedicated "
+                                "(a dedicated group with no pods serves nothing; use placement: shared to load on demand)"))
+    if spec.placement is Placement.SHARED and spec.replicas.min > config.pool_max_pods:
+        problems.append(Problem("spec.replicas.min", (
+            f"{spec.replicas.min} copies need {spec.replicas.min} pods but the shared pool may grow "
+            f"to {config.pool_max_pods}")))
+    return problems
+
+
+def validate(body: dict[str, Any], config: OperatorConfig) -> Verdict:
+    """Parse a ServedModel body into a ModelSpec and list everything wrong with it."""
+    try:
+        spec = ModelSpec.from_served_model(body)
+    except pydantic.ValidationError as error:
+        return Verdict(None, _schema_problems(error))
+    except (TypeError, ValueError) as error:
+        return Verdict(None, (Problem("spec", str(error)),))
+    return Verdict(spec, tuple(_placement_problems(spec, config)))

@@ -1,0 +1,56 @@
+"""What the operator asks worker pods over HTTP: their status report, and unloads.
+
+The worker's ``GET /status`` (modelplane_common.wire.WorkerStatus) is the
+source of truth for which copies exist; the finalizer unloads through the
+OIP v2 repository endpoint every worker serves.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Iterable
+from urllib.parse import quote
+
+import httpx
+import pydantic
+
+from modelplane_common.wire import WorkerStatus
+from modelplane_operator.kube import WorkerPod
+
+log = logging.getLogger(__name__)
+TIMEOUT = httpx.Timeout(3.0)
+
+
+def _base(pod: WorkerPod, port: int) -> str:
+    return f"http://{pod.ip}:{port}"
+
+
+def fetch_reports(pods: Iterable[WorkerPod], port: int) -> dict[str, WorkerStatus]:
+    """Status of every pod that has an IP and answers; silent pods are simply absent."""
+    reports: dict[str, WorkerStatus] = {}
+    with httpx.Client(timeout=TIMEOUT) as http:
+        for pod in pods:
+            if not pod.ip or pod.phase != "Running":
+                continue
+            try:
+                response = http.get(f"{_base(pod, port)}/status")
+                response.raise_for_status()
+                reports[pod.name] = WorkerStatus.model_validate(response.json())
+            except (httpx.HTTPError, pydantic.ValidationError, ValueError) as exc:
+                log.info("worker pod %s gave no status: %s", pod.name, exc)
+    return reports
+
+
+class UnloadRefused(RuntimeError):
+    """The worker answered but will not unload (e.g. 409: the model is pinned there)."""
+
+
+def unload(pod: WorkerPod, port: int, model: str) -> None:
+    """Ask one pod to unload `model`; 404 (already gone) counts as done.
+
+    Raises httpx.HTTPError when the pod cannot be reached (worth retrying) and
+    UnloadRefused when it answers with an error (not worth retrying).
+    """
+    with httpx.Client(timeout=httpx.Timeout(30.0)) as http:
+        response = http.post(f"{_base(pod, port)}/v2/repository/models/{quote(model, safe='')}/unload")
+    if response.status_code not in (200, 204, 404):
+        raise UnloadRefused(f"pod {pod.name} refused to unload {model}: HTTP {response.status_code} {response.text[:200]}")

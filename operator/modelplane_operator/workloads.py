@@ -1,0 +1,215 @@
+"""Pure builders for the objects the operator owns: worker pod templates and Deployments.
+
+Each takes the settings and a spec and returns a plain dict, so tests can read
+exactly what the API server will receive, and the handlers stay thin.
+
+A worker pod is two containers sharing an emptyDir at /models:
+- ``modelplane-worker``: the pod's HTTP API, in-process frameworks, the model
+  manager; it writes Triton model folders into /models;
+- ``triton``: ``tritonserver --model-control-mode=explicit --model-repository=/models``,
+  listening on localhost only, so load/unload never leave the pod.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Iterable, Sequence
+
+from modelplane_common import labels
+from modelplane_common.spec import API_VERSION, KIND, ModelSpec
+from modelplane_operator.config import OperatorConfig
+
+WORKER_CONTAINER = "modelplane-worker"
+TRITON_CONTAINER = "triton"
+MODEL_REPOSITORY = "/models"
+SOURCE_ROOT = "/mnt/models"
+MODEL_STORE_DIR = "/etc/modelplane"
+MODEL_STORE_KEY = "models.json"
+TRITON_HTTP_PORT = 8000
+TRITON_GRPC_PORT = 8001
+TRITON_METRICS_PORT = 8002
+RUN_AS_USER = 1000
+MANAGER = "modelplane-operator"
+SPEC_HASH = "modelplane.io/spec-hash"
+
+
+def dedicated_name(model: str) -> str:
+    """Name of the Deployment that pins `model` (a ServedModel name is at most 63 characters)."""
+    return f"{model}-dedicated"
+
+
+def worker_labels(pool: str) -> dict[str, str]:
+    """Labels on every worker pod; `pool` is "shared" or the dedicated model's name."""
+    return {labels.PART_OF: labels.PROJECT, labels.COMPONENT: labels.WORKER, labels.POOL: pool}
+
+
+def _http_probe(path: str, period: int, failures: int) -> dict[str, Any]:
+    return {"httpGet": {"path": path, "port": "http"}, "periodSeconds": period,
+            "timeoutSeconds": 3, "failureThreshold": failures}
+
+
+def _container_security() -> dict[str, Any]:
+    return {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}}
+
+
+def _resources(cpu: str, memory: str, gpus: int) -> dict[str, Any]:
+    limits: dict[str, Any] = {"cpu": cpu, "memory": memory}
+    if gpus:
+        limits["nvidia.com/gpu"] = str(gpus)
+    return {"requests": dict(limits), "limits": limits}
+
+
+def source_roots(config: OperatorConfig) -> str:
+    """``claim=/mnt/models/claim,...``: where each pvc:// claim is mounted in the worker."""
+    return ",".join(f"{claim}={SOURCE_ROOT}/{claim}" for claim in config.model_claims)
+
+
+def build_worker_container(config: OperatorConfig, pinned: Sequence[str]) -> dict[str, Any]:
+    """The worker: readiness = Triton ready AND pinned models loaded; liveness never depends on a model."""
+    env = [
+        {"name": "MODELPLANE_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "MODELPLANE_HOST", "value": "0.0.0.0"},
+        {"name": "MODELPLANE_PORT", "value": str(config.worker_port)},
+        {"name": "MODELPLANE_PINNED_MODELS", "value": ",".join(pinned)},
+        {"name": "MODELPLANE_MEMORY_BUDGET", "value": str(config.pod_memory_budget)},
+        {"name": "MODELPLANE_TRITON_URL", "value": f"127.0.0.1:{TRITON_HTTP_PORT}"},
+        {"name": "MODELPLANE_TRITON_REPOSITORY", "value": MODEL_REPOSITORY},
+        {"name": "MODELPLANE_MODEL_STORE", "value": f"{MODEL_STORE_DIR}/{MODEL_STORE_KEY}"},
+        {"name": "MODELPLANE_SOURCE_ROOTS", "value": source_roots(config)},
+        {"name": "HOME", "value": "/tmp"},
+    ]
+    mounts = [{"name": "model-repository", "mountPath": MODEL_REPOSITORY},
+              {"name": "model-store", "mountPath": MODEL_STORE_DIR, "readOnly": True},
+              {"name": "worker-tmp", "mountPath": "/tmp"}]
+    mounts += [{"name": f"claim-{claim}", "mountPath": f"{SOURCE_ROOT}/{claim}", "readOnly": True}
+               for claim in config.model_claims]
+    return {
+        "name": WORKER_CONTAINER,
+        "image": config.worker_image,
+        "imagePullPolicy": config.image_pull_policy,
+        "command": ["modelplane-worker"],
+        "env": env,
+        "ports": [{"name": "http", "containerPort": config.worker_port, "protocol": "TCP"}],
+        "readinessProbe": _http_probe("/v2/health/ready", period=5, failures=3),
+        "livenessProbe": _http_probe("/v2/health/live", period=10, failures=6),
+        # Pinned loads can take minutes: liveness and readiness wait until this passes once.
+        "startupProbe": _http_probe("/v2/health/ready", period=5, failures=config.startup_probe_failure_threshold),
+        "resources": _resources(config.worker_cpu, config.worker_memory, config.gpus_per_pod),
+        "securityContext": _container_security(),
+        "volumeMounts": mounts,
+    }
+
+
+def build_triton_container(config: OperatorConfig) -> dict[str, Any]:
+    """The Triton sidecar: explicit model control, HTTP/gRPC on localhost, metrics for scraping."""
+    return {
+        "name": TRITON_CONTAINER,
+        "image": config.triton_image,
+        "imagePullPolicy": config.image_pull_policy,
+        "command": [
+            "tritonserver",
+            "--model-control-mode=explicit",
+            f"--model-repository={MODEL_REPOSITORY}",
+            "--http-address=127.0.0.1", f"--http-port={TRITON_HTTP_PORT}",
+            "--grpc-address=127.0.0.1", f"--grpc-port={TRITON_GRPC_PORT}",
+            f"--metrics-port={TRITON_METRICS_PORT}",
+            # Strict readiness flaps during explicit loads; the worker judges readiness.
+            "--strict-readiness=false",
+            "--exit-on-error=false",
+        ],
+        "ports": [{"name": "triton-metrics", "containerPort": TRITON_METRICS_PORT, "protocol": "TCP"}],
+        "resources": _resources(config.triton_cpu, config.triton_memory, 0),
+        "securityContext": _container_security(),
+        "volumeMounts": [{"name": "model-repository", "mountPath": MODEL_REPOSITORY, "readOnly": True},
+                         {"name": "triton-tmp", "mountPath": "/tmp"}],
+    }
+
+
+def build_worker_pod_template(config: OperatorConfig, pool: str, pinned: Sequence[str],
+                              annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    """A worker pod: worker + Triton sidecar sharing /models, non-root, GPUs from the settings."""
+    volumes: list[dict[str, Any]] = [
+        {"name": "model-repository", "emptyDir": {}},
+        {"name": "model-store", "configMap": {"name": config.model_store_configmap}},
+        {"name": "worker-tmp", "emptyDir": {}},
+        {"name": "triton-tmp", "emptyDir": {}},
+    ]
+    volumes += [{"name": f"claim-{claim}", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
+                for claim in config.model_claims]
+    template = {
+        "metadata": {"labels": worker_labels(pool), **({"annotations": annotations} if annotations else {})},
+        "spec": {
+            # Workers never call the API server: no token in the pod.
+            "automountServiceAccountToken": False,
+            "terminationGracePeriodSeconds": 60,
+            "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS_USER, "runAsGroup": RUN_AS_USER,
+                                "fsGroup": RUN_AS_USER, "seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [build_worker_container(config, pinned), build_triton_container(config)],
+            "volumes": volumes,
+        },
+    }
+    if config.worker_service_account:
+        template["spec"]["serviceAccountName"] = config.worker_service_account
+    return template
+
+
+def _deployment(name: str, namespace: str, pool: str, replicas: int, template: dict[str, Any],
+                extra_labels: dict[str, str]) -> dict[str, Any]:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": namespace,
+                     "labels": {**worker_labels(pool), labels.MANAGED_BY: MANAGER, **extra_labels}},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": worker_labels(pool)},
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+            "template": template,
+        },
+    }
+
+
+def owner_reference(body: dict[str, Any]) -> dict[str, Any]:
+    """Makes Kubernetes garbage-collect a child when its ServedModel goes."""
+    meta = body["metadata"]
+    return {"apiVersion": API_VERSION, "kind": KIND, "name": meta["name"], "uid": meta["uid"],
+            "controller": True, "blockOwnerDeletion": True}
+
+
+def build_dedicated_deployment(spec: ModelSpec, body: dict[str, Any], config: OperatorConfig) -> dict[str, Any]:
+    """A latency-optimized instance group: replicas.min pods that each pin this one model."""
+    # A changed spec rolls the group, so its pods load the model as now declared.
+    template = build_worker_pod_template(config, pool=spec.id, pinned=[spec.id],
+                                         annotations={SPEC_HASH: spec_hash(spec)})
+    deployment = _deployment(dedicated_name(spec.id), body["metadata"]["namespace"], spec.id,
+                             spec.replicas.min, template, {labels.SERVED_MODEL: spec.id})
+    deployment["metadata"]["ownerReferences"] = [owner_reference(body)]
+    return deployment
+
+
+def build_pool_deployment(config: OperatorConfig, replicas: int) -> dict[str, Any]:
+    """The shared pool: pods pin nothing; the router places models on them."""
+    template = build_worker_pod_template(config, pool=labels.SHARED_POOL, pinned=[])
+    return _deployment(config.pool_name, config.namespace, labels.SHARED_POOL, replicas, template, {})
+
+
+def store_entry(spec: ModelSpec) -> dict[str, Any]:
+    """One model as the worker's JSON model store reads it."""
+    return spec.model_dump(mode="json", exclude={"memory_bytes"}) | {"memory": spec.memory_bytes}
+
+
+def spec_hash(spec: ModelSpec) -> str:
+    return hashlib.sha256(json.dumps(store_entry(spec), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def build_model_store_configmap(specs: Iterable[ModelSpec], config: OperatorConfig) -> dict[str, Any]:
+    """The catalog every worker pod mounts as its model store: all accepted ServedModels."""
+    entries = [store_entry(spec) for spec in sorted(specs, key=lambda s: s.id)]
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": config.model_store_configmap, "namespace": config.namespace,
+                     "labels": {labels.PART_OF: labels.PROJECT, labels.MANAGED_BY: MANAGER}},
+        "data": {MODEL_STORE_KEY: json.dumps({"models": entries}, indent=1, sort_keys=True)},
+    }

@@ -1,0 +1,86 @@
+"""Helpers for operator tests: kubectl in a test namespace, polling with a deadline,
+ServedModel manifests, and the real operator run through kopf.testing.KopfRunner."""
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator, TypeVar
+
+from kopf.testing import KopfRunner
+
+from modelplane_operator.config import OperatorConfig
+from modelplane_operator.handlers import build_registry
+from modelplane_testing.kube_cluster import KubeCluster
+
+ROOT = Path(__file__).resolve().parents[2]
+CRD = ROOT / "crds" / "servedmodel.yaml"
+T = TypeVar("T")
+
+
+def wait_for(predicate: Callable[[], T], what: str, timeout: float = 30.0, interval: float = 0.2) -> T:
+    """Poll until predicate() is truthy; fail naming what never happened."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+
+
+class Cluster:
+    """kubectl helpers bound to one test namespace."""
+
+    def __init__(self, kube: KubeCluster, namespace: str) -> None:
+        self.kube = kube
+        self.namespace = namespace
+
+    def kubectl(self, *args: str, input: str | None = None, check: bool = True):
+        return self.kube.kubectl("-n", self.namespace, *args, input=input, check=check)
+
+    def apply(self, manifest: dict[str, Any], check: bool = True):
+        return self.kubectl("apply", "-f", "-", input=json.dumps(manifest), check=check)
+
+    def get(self, kind: str, name: str) -> dict[str, Any] | None:
+        result = self.kubectl("get", kind, name, "-o", "json", check=False)
+        return json.loads(result.stdout) if result.returncode == 0 else None
+
+    def items(self, kind: str, selector: str = "") -> list[dict[str, Any]]:
+        args = ["get", kind, "-o", "json"] + (["-l", selector] if selector else [])
+        return json.loads(self.kubectl(*args).stdout)["items"]
+
+    def condition(self, name: str, kind: str) -> dict[str, Any] | None:
+        body = self.get("servedmodel", name) or {}
+        return next((c for c in (body.get("status") or {}).get("conditions", []) if c["type"] == kind), None)
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        return [e for e in self.items("events") if e["involvedObject"].get("name") == name]
+
+
+def served_model(name: str, **spec: Any) -> dict[str, Any]:
+    body = {"framework": "transformers", "task": "text-classification",
+            "source": {"uri": f"pvc://models/{name}"}, "memory": "600Mi",
+            "replicas": {"min": 0, "max": 2}, "placement": "shared", "owner": "team-a", "oncall": "team-a-oncall"}
+    body.update(spec)
+    return {"apiVersion": "modelplane.io/v1alpha1", "kind": "ServedModel", "metadata": {"name": name}, "spec": body}
+
+
+def operator_config(namespace: str, **overrides: Any) -> OperatorConfig:
+    values: dict[str, Any] = dict(namespace=namespace, pod_memory_budget="4Gi", gpus_per_pod=1,
+                                  pool_min_pods=1, pool_max_pods=4, status_interval_s=1.0,
+                                  worker_image="registry.example/modelplane/worker:test",
+                                  triton_image="nvcr.io/nvidia/tritonserver:24.10-py3")
+    values.update(overrides)
+    return OperatorConfig(**values)
+
+
+@contextlib.contextmanager
+def running_operator(config: OperatorConfig) -> Iterator[KopfRunner]:
+    """The real operator (its real handlers) in a thread, watching `config.namespace`."""
+    args = ["run", "--standalone", "--verbose", "--namespace", config.namespace]
+    with KopfRunner(args, registry=build_registry(config), timeout=60) as runner:
+        yield runner
+    assert runner.exception is None, runner.output[-4000:]

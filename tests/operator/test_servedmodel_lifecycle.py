@@ -1,0 +1,65 @@
+"""A ServedModel applied with kubectl becomes the right Deployment, follows spec
+updates, and on delete its finalizer completes and its children go."""
+from __future__ import annotations
+
+from modelplane_testing.operator_harness import Cluster, served_model, wait_for
+
+
+def _container(deployment: dict, name: str) -> dict:
+    return next(c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == name)
+
+
+def test_dedicated_model_gets_its_own_pinned_deployment(cluster: Cluster, operator) -> None:
+    cluster.apply(served_model("sentiment", placement="dedicated", replicas={"min": 2, "max": 3}))
+
+    accepted = wait_for(lambda: (c := cluster.condition("sentiment", "Accepted")) and c["status"] == "True" and c,
+                        "Accepted=True")
+    assert accepted["reason"] == "Valid"
+    deployment = wait_for(lambda: cluster.get("deployment", "sentiment-dedicated"), "the dedicated Deployment")
+    assert deployment["spec"]["replicas"] == 2
+    owner = deployment["metadata"]["ownerReferences"][0]
+    assert (owner["kind"], owner["name"], owner["controller"]) == ("ServedModel", "sentiment", True)
+
+    worker = _container(deployment, "modelplane-worker")
+    env = {e["name"]: e.get("value") for e in worker["env"]}
+    assert env["MODELPLANE_PINNED_MODELS"] == "sentiment"
+    assert env["MODELPLANE_TRITON_URL"] == "127.0.0.1:8000"
+    assert worker["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    assert worker["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
+    assert worker["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    triton = _container(deployment, "triton")
+    assert triton["command"][0] == "tritonserver" and "--model-control-mode=explicit" in triton["command"]
+
+    # The controller-manager turns it into real pods; they carry the worker labels the router selects.
+    pods = wait_for(lambda: len(p := cluster.items("pods", "modelplane.io/pool=sentiment")) == 2 and p, "2 pods")
+    assert all(p["spec"]["securityContext"]["runAsNonRoot"] for p in pods)
+
+    # Nothing runs the pods here, so no copy is ready and status says so.
+    ready = wait_for(lambda: cluster.condition("sentiment", "Ready"), "a Ready condition")
+    assert (ready["status"], ready["reason"]) == ("False", "WaitingForCopies")
+    assert (cluster.get("servedmodel", "sentiment") or {})["status"]["readyReplicas"] == 0
+
+    table = cluster.kubectl("get", "servedmodels").stdout.splitlines()
+    assert table[0].split() == ["NAME", "FRAMEWORK", "PLACEMENT", "READY", "ACCEPTED", "AGE"]
+    assert table[1].split()[:5] == ["sentiment", "transformers", "dedicated", "0", "True"]
+    wait_for(lambda: "Accepted" in {e["reason"] for e in cluster.events("sentiment")}, "an Accepted event")
+
+
+def test_spec_update_reaches_the_deployment_and_delete_removes_it(cluster: Cluster, operator) -> None:
+    cluster.apply(served_model("ranker", placement="dedicated", replicas={"min": 1, "max": 3}))
+    wait_for(lambda: cluster.get("deployment", "ranker-dedicated"), "the dedicated Deployment")
+
+    cluster.kubectl("patch", "servedmodel", "ranker", "--type=merge", "-p", '{"spec": {"replicas": {"min": 3}}}')
+    wait_for(lambda: (cluster.get("deployment", "ranker-dedicated") or {}).get("spec", {}).get("replicas") == 3,
+             "the Deployment scaled to 3")
+
+    cluster.apply(served_model("ranker", placement="shared", replicas={"min": 1, "max": 3}))
+    wait_for(lambda: cluster.get("deployment", "ranker-dedicated") is None, "the dedicated Deployment removed")
+
+    cluster.apply(served_model("ranker", placement="dedicated", replicas={"min": 1, "max": 3}))
+    wait_for(lambda: cluster.get("deployment", "ranker-dedicated"), "the dedicated Deployment back")
+    assert "modelplane.io/unload-copies" in cluster.get("servedmodel", "ranker")["metadata"]["finalizers"]
+
+    cluster.kubectl("delete", "servedmodel", "ranker", "--timeout=30s")
+    assert cluster.get("servedmodel", "ranker") is None
+    wait_for(lambda: cluster.get("deployment", "ranker-dedicated") is None, "garbage collection of the Deployment")

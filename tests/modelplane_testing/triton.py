@@ -102,7 +102,7 @@ def _launch(repository: Path, log_path: Path, extra_env: dict[str, str] | None) 
         "--model-repository", str(repository),
         "--http-port", str(http_port), "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port),
         "--host", "127.0.0.1",
-        "--", "--exit-timeout-secs=5",
+        "--", "--exit-timeout-secs=2",
     ]
     env = dict(os.environ, **(extra_env or {}))
     log = open(log_path, "ab")

@@ -23,6 +23,7 @@ class WorkerContext:
     source_roots: dict[str, Path] = field(default_factory=dict)  # pvc claim name -> mount path
     triton_url: str = "127.0.0.1:8000"  # host:port of the Triton sidecar's HTTP endpoint
     triton_repository: Path = Path("/models")  # the volume shared with the sidecar
+    triton_timeout_s: float = 120.0  # longest a sidecar call (a load, an inference) may take
     device: str = "cpu"  # "cuda" when torch.cuda.is_available()
 
 

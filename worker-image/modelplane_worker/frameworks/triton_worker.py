@@ -33,13 +33,17 @@ CONFIG_FILE = "config.pbtxt"
 _CONFIG_NAME = re.compile(r'^name\s*:\s*"[^"]*"\s*$', re.MULTILINE)
 
 
-def _connection_errors() -> tuple[type[BaseException], ...]:
-    """What tritonclient raises when the sidecar does not answer: socket errors, gevent timeouts."""
+def _timeouts() -> tuple[type[BaseException], ...]:
     try:
         from gevent import Timeout
     except ImportError:
-        return (OSError,)
-    return (OSError, Timeout)
+        return (TimeoutError,)
+    return (TimeoutError, Timeout)
+
+
+def _connection_errors() -> tuple[type[BaseException], ...]:
+    """What tritonclient raises when the sidecar does not answer: socket errors, gevent timeouts."""
+    return (OSError, *_timeouts())
 
 
 def client_address(url: str) -> str:
@@ -50,8 +54,9 @@ def client_address(url: str) -> str:
 class TritonClients:
     """One tritonclient per thread: its gevent connection pool must stay on the thread that made it."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, timeout_s: float) -> None:
         self.url = client_address(url)
+        self.timeout_s = timeout_s
         self._local = threading.local()
         self._all: list[Any] = []
         self._lock = threading.Lock()
@@ -59,9 +64,11 @@ class TritonClients:
     def get(self) -> Any:
         client = getattr(self._local, "client", None)
         if client is None:
+            if not self.url:
+                raise errors.BackendUnavailable("no Triton sidecar is configured for this worker (--triton-url)")
             import tritonclient.http as triton_http
 
-            client = triton_http.InferenceServerClient(self.url, connection_timeout=5.0, network_timeout=60.0)
+            client = triton_http.InferenceServerClient(self.url, connection_timeout=5.0, network_timeout=self.timeout_s)
             self._local.client = client
             with self._lock:
                 self._all.append(client)
@@ -96,7 +103,7 @@ class TritonWorker(FrameworkWorker):
 
     def __init__(self, spec: Any, context: Any) -> None:
         super().__init__(spec, context)
-        self._clients = TritonClients(context.triton_url)
+        self._clients = TritonClients(context.triton_url, context.triton_timeout_s)
         self._inputs: list[TensorSpec] = []
         self._outputs: list[TensorSpec] = []
         self._loaded = False
@@ -129,14 +136,19 @@ class TritonWorker(FrameworkWorker):
         folder = sources.resolve(self.spec.source, self.context.source_roots)
         if not folder.is_dir():
             raise errors.ModelLoadFailed(f"model {self.spec.id!r}: triton source {folder} is not a folder")
+        check_python_backend_files(folder, self.spec.id)
         self._stage(folder)
         try:
             self._call("loading", "load_model", self.triton_name)
         except _triton_exception() as exc:
             self._remove_staged()
             raise errors.ModelLoadFailed(f"Triton refused model {self.spec.id!r}: {_message(exc)}") from exc
-        except errors.BackendUnavailable:
+        except errors.BackendUnavailable as exc:
             self._remove_staged()
+            if isinstance(exc.__cause__, _timeouts()):
+                raise errors.ModelLoadFailed(
+                    f"Triton did not finish loading {self.spec.id!r} within {self._clients.timeout_s:.0f}s"
+                ) from exc
             raise
         try:
             self._read_metadata()
@@ -263,6 +275,33 @@ class TritonWorker(FrameworkWorker):
             tensors[name] = _add_batch_dimension(_array_from_json(name, values, spec), spec)
         outputs = self.infer(tensors, {})
         return {name: _jsonable(array) for name, array in outputs.items()}
+
+
+_BACKEND = re.compile(r'^backend\s*:\s*"([^"]*)"', re.MULTILINE)
+_DEFAULT_MODEL_FILENAME = re.compile(r'^default_model_filename\s*:\s*"([^"]*)"', re.MULTILINE)
+
+
+def check_python_backend_files(folder: Path, model_id: str) -> None:
+    """Refuse a Python-backend model whose versions lack their model file.
+
+    Triton 2.51 never finishes such a load: the model stays LOADING, and unload
+    and shutdown hang behind it, which would take the whole sidecar down.
+    """
+    config = folder / CONFIG_FILE
+    if not config.is_file():
+        return
+    text = config.read_text(errors="replace")
+    backend = _BACKEND.search(text)
+    if backend is None or backend.group(1) != "python":
+        return
+    filename_match = _DEFAULT_MODEL_FILENAME.search(text)
+    filename = filename_match.group(1) if filename_match else "model.py"
+    versions = [child for child in folder.iterdir() if child.is_dir() and child.name.isdigit()]
+    if not versions:
+        raise errors.ModelLoadFailed(f"model {model_id!r}: {folder} has no version folder (e.g. {folder}/1/{filename})")
+    for version in versions:
+        if not (version / filename).is_file():
+            raise errors.ModelLoadFailed(f"model {model_id!r}: Python-backend model file {version / filename} is missing")
 
 
 def _tensor_spec(raw: dict[str, Any]) -> TensorSpec:

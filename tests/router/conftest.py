@@ -60,8 +60,8 @@ def worker_metric(url: str, name: str, **labels: str) -> float:
 
 
 def loads(url: str, model: str) -> float:
-    return worker_metric(url, "modelplane_model_loads_total", model=model, result="ok") or worker_metric(
-        url, "modelplane_model_loads_total", model=model)
+    """Successful loads of `model` on the worker at `url`, from its own metrics."""
+    return worker_metric(url, "modelplane_model_loads_total", model=model, result="success")
 
 
 def worker_models(url: str) -> dict[str, str]:

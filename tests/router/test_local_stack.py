@@ -1,0 +1,78 @@
+"""The README's main command: router + two workers, each with its own real tritonserver, and the sample models.
+
+Starts the stack through scripts/local_stack.py's ``start_stack`` (what
+``make run`` runs), sends requests through the router with plain HTTP and
+with a stock tritonclient (a Triton-side model served by a real
+tritonserver), and checks that stopping the stack ends every process.
+"""
+from __future__ import annotations
+
+import os
+
+import httpx
+import numpy as np
+import pytest
+import tritonclient.http as triton_http
+
+from conftest import ROOT, copies, local_stack
+
+pytestmark = [pytest.mark.triton, pytest.mark.slow]
+SAMPLES = ROOT / "build/models/model-store.json"
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    if not SAMPLES.exists():
+        pytest.fail(f"{SAMPLES} is missing: run `.venv/bin/modelplane-samples --out build/models` (make install does)")
+    stack = local_stack.start_stack(SAMPLES, workers=2, router_port=None, work_dir=tmp_path_factory.mktemp("stack"),
+                                    deadline_s=180)
+    try:
+        yield stack
+    finally:
+        stack.stop()
+        for pid in stack.pids:
+            assert not pid_alive(pid), f"pid {pid} still running after stop()"
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_sample_models_are_served_through_the_router_and_models_shows_where(stack):
+    url = stack.router.url
+    response = httpx.post(f"{url}/predict", json={"model_id": "sentiment", "input_data": "a wonderful little model"}, timeout=120)
+    assert response.status_code == 200, response.text
+    prediction = response.json()["predictions"][0]
+    assert prediction["label"] in ("positive", "negative")
+    assert abs(sum(prediction["probabilities"].values()) - 1.0) < 1e-4
+    report = httpx.get(f"{url}/models", timeout=10).json()
+    assert {"sentiment", "iris", "colors"} <= set(report["available_models"])
+    assert report["loaded_models"] == ["sentiment"]
+    assert len(copies(url, "sentiment")) == 1
+
+
+def test_tritonclient_infers_a_triton_model_through_the_router(stack):
+    client = triton_http.InferenceServerClient(stack.router.url.removeprefix("http://"), network_timeout=120)
+    try:
+        assert client.is_server_ready()
+        metadata = client.get_model_metadata("iris")
+        (input_meta,) = metadata["inputs"]
+        assert client.is_model_ready("iris")
+        measurements = np.array([[5.1, 3.5, 1.4, 0.2], [6.7, 3.0, 5.2, 2.3]], dtype=np.float32)
+        tensor = triton_http.InferInput(input_meta["name"], list(measurements.shape), input_meta["datatype"])
+        tensor.set_data_from_numpy(measurements)
+        result = client.infer("iris", [tensor])
+        (output_meta,) = metadata["outputs"]
+        probabilities = result.as_numpy(output_meta["name"])
+        assert probabilities.shape == (2, 3)
+        np.testing.assert_allclose(probabilities.sum(axis=1), 1.0, rtol=1e-4)
+    finally:
+        client.close()
+    (holder,) = copies(stack.router.url, "iris")
+    worker = next(w for w in stack.workers if w.name == holder)
+    index = httpx.post(f"{worker.url}/v2/repository/index", timeout=10).json()
+    assert {"name": "iris", "state": "READY"}.items() <= next(e for e in index if e["name"] == "iris").items()

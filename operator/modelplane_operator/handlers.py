@@ -9,6 +9,7 @@ read from the environment here.
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any
 
 import httpx
@@ -102,6 +103,14 @@ def _refresh_status(kube_api: kube.Kube, spec: ModelSpec, body: kopf.Body, patch
 def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
     """All handlers, bound to `config`; main() and the tests run kopf with this registry."""
     registry = kopf.OperatorRegistry()
+    # Handlers for different objects run in parallel threads; each reads every
+    # ServedModel and then writes the pool, so one at a time, or a stale reader
+    # could write last.
+    pool_lock = threading.Lock()
+
+    def sync_pool(kube_api: kube.Kube, logger: Any) -> None:
+        with pool_lock:
+            ensure_pool(kube_api, config, logger)
 
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
@@ -118,7 +127,7 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
         settings.posting.level = logging.WARNING  # our own events, not kopf's chatter
         settings.watching.server_timeout = 60
         memo.kube = kube.Kube(kube.connect())
-        ensure_pool(memo.kube, config, logger)
+        sync_pool(memo.kube, logger)
 
     @kopf.on.resume(**RESOURCE, registry=registry)
     @kopf.on.create(**RESOURCE, registry=registry)
@@ -133,7 +142,7 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
             _write_status(body, patch, {"observedGeneration": generation})
             return
         spec = verdict.spec
-        ensure_pool(memo.kube, config, logger)
+        sync_pool(memo.kube, logger)
         _ensure_dedicated(memo.kube, spec, body, config)
         placement = f"{spec.placement.value} placement, min {spec.replicas.min} / max {spec.replicas.max} copies"
         if _set_condition(body, patch, conditions.ACCEPTED, True, "Valid", placement):
@@ -153,7 +162,7 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
         verdict = validation.validate(body, config)
         if verdict.spec is not None:
             _unload_everywhere(memo.kube, verdict.spec, body, config, logger)
-        ensure_pool(memo.kube, config, logger)
+        sync_pool(memo.kube, logger)
 
     return registry
 

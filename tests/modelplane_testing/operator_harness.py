@@ -80,7 +80,7 @@ def operator_config(namespace: str, **overrides: Any) -> OperatorConfig:
 @contextlib.contextmanager
 def running_operator(config: OperatorConfig) -> Iterator[KopfRunner]:
     """The real operator (its real handlers) in a thread, watching `config.namespace`."""
-    args = ["run", "--standalone", "--verbose", "--namespace", config.namespace]
+    args = ["run", "--standalone", "--namespace", config.namespace]
     with KopfRunner(args, registry=build_registry(config), timeout=60) as runner:
         yield runner
     assert runner.exception is None, runner.output[-4000:]

@@ -1,0 +1,64 @@
+"""The CRD's schema and modelplane_common.spec.ModelSpec describe the same fields."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from modelplane_common import spec as spec_module
+from modelplane_common.spec import Framework, ModelSpec, Placement, Task
+
+CRD = Path(__file__).resolve().parents[2] / "crds" / "servedmodel.yaml"
+
+
+def _version() -> dict:
+    crd = yaml.safe_load(CRD.read_text())
+    assert crd["spec"]["group"] == spec_module.GROUP
+    assert crd["spec"]["names"]["kind"] == spec_module.KIND
+    assert crd["spec"]["names"]["plural"] == spec_module.PLURAL
+    assert spec_module.SHORT_NAME in crd["spec"]["names"]["shortNames"]
+    return next(v for v in crd["spec"]["versions"] if v["name"] == spec_module.VERSION)
+
+
+def _spec_schema() -> dict:
+    return _version()["schema"]["openAPIV3Schema"]["properties"]["spec"]
+
+
+def test_every_spec_field_is_in_the_schema_and_back() -> None:
+    # id is metadata.name; memory_bytes is written `memory`; source is an object {uri}.
+    model_fields = {(f.alias or name) for name, f in ModelSpec.model_fields.items()} - {"id"}
+    assert set(_spec_schema()["properties"]) == model_fields
+
+
+def test_enums_agree() -> None:
+    props = _spec_schema()["properties"]
+    assert props["framework"]["enum"] == [f.value for f in Framework]
+    assert props["task"]["enum"] == [t.value for t in Task]
+    assert props["placement"]["enum"] == [p.value for p in Placement]
+
+
+def test_defaults_agree() -> None:
+    props = _spec_schema()["properties"]
+    defaults = ModelSpec(id="m", framework="triton", source="file:///m")
+    assert props["task"]["default"] == defaults.task.value
+    assert props["placement"]["default"] == defaults.placement.value
+    assert props["version"]["default"] == defaults.version
+    assert props["replicas"]["default"] == defaults.replicas.model_dump()
+
+
+def test_required_fields_and_source_schemes_agree() -> None:
+    schema = _spec_schema()
+    assert set(schema["required"]) == {"framework", "source"}
+    pattern = schema["properties"]["source"]["properties"]["uri"]["pattern"]
+    assert all(f"{scheme}" in pattern for scheme in spec_module.SOURCE_SCHEMES)
+
+
+def test_status_and_printer_columns() -> None:
+    version = _version()
+    assert version["subresources"] == {"status": {}}
+    status = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+    assert {"conditions", "readyReplicas", "copies", "observedGeneration"} <= set(status)
+    columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
+    assert columns["Framework"] == ".spec.framework"
+    assert columns["Ready"] == ".status.readyReplicas"
+    assert columns["Age"] == ".metadata.creationTimestamp"

@@ -1,0 +1,96 @@
+"""What a worker pod looks like: two containers sharing /models, probes that mean
+what they say, GPUs from the settings, nothing running as root."""
+from __future__ import annotations
+
+from modelplane_common import labels
+from modelplane_common.spec import ModelSpec
+from modelplane_operator import workloads
+from modelplane_operator.config import OperatorConfig
+
+
+def _config(**overrides) -> OperatorConfig:
+    return OperatorConfig(namespace="ml", gpus_per_pod=2, pod_memory_budget="20Gi",
+                          model_claims="models,extra", **overrides)
+
+
+def _spec() -> ModelSpec:
+    return ModelSpec(id="sentiment", framework="transformers", source="pvc://models/sentiment",
+                     memory="600Mi", replicas={"min": 2, "max": 4}, placement="dedicated")
+
+
+def _body() -> dict:
+    return {"metadata": {"name": "sentiment", "namespace": "ml", "uid": "1234"}}
+
+
+def _containers(template: dict) -> dict[str, dict]:
+    return {c["name"]: c for c in template["spec"]["containers"]}
+
+
+def test_dedicated_deployment_pins_its_model_on_min_replicas() -> None:
+    deployment = workloads.build_dedicated_deployment(_spec(), _body(), _config())
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["metadata"]["ownerReferences"][0]["uid"] == "1234"
+    template = deployment["spec"]["template"]
+    assert deployment["spec"]["selector"]["matchLabels"].items() <= template["metadata"]["labels"].items()
+    env = {e["name"]: e.get("value") for e in _containers(template)["modelplane-worker"]["env"]}
+    assert env["MODELPLANE_PINNED_MODELS"] == "sentiment"
+    assert env["MODELPLANE_MEMORY_BUDGET"] == str(20 * 2**30)
+    assert env["MODELPLANE_SOURCE_ROOTS"] == "models=/mnt/models/models,extra=/mnt/models/extra"
+    assert env["MODELPLANE_HOST"] == "0.0.0.0"
+
+
+def test_worker_and_sidecar_share_the_model_repository() -> None:
+    containers = _containers(workloads.build_worker_pod_template(_config(), "shared", []))
+    worker, triton = containers["modelplane-worker"], containers["triton"]
+    assert {"name": "model-repository", "mountPath": "/models"} in worker["volumeMounts"]
+    assert {"name": "model-repository", "mountPath": "/models", "readOnly": True} in triton["volumeMounts"]
+    assert "--model-repository=/models" in triton["command"]
+    assert "--model-control-mode=explicit" in triton["command"]
+    # Load/unload stay inside the pod: Triton listens on localhost only.
+    assert "--http-address=127.0.0.1" in triton["command"]
+    env = {e["name"]: e.get("value") for e in worker["env"]}
+    assert env["MODELPLANE_TRITON_URL"] == "127.0.0.1:8000" and env["MODELPLANE_TRITON_REPOSITORY"] == "/models"
+
+
+def test_probes_readiness_needs_models_liveness_does_not() -> None:
+    worker = _containers(workloads.build_worker_pod_template(_config(), "shared", []))["modelplane-worker"]
+    assert worker["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    assert worker["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
+    startup = worker["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 600  # ten minutes for slow first loads
+
+
+def test_gpus_come_from_the_settings() -> None:
+    gpu = _containers(workloads.build_worker_pod_template(_config(), "shared", []))["modelplane-worker"]
+    assert gpu["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    cpu_only = _containers(workloads.build_worker_pod_template(_config().model_copy(update={"gpus_per_pod": 0}),
+                                                               "shared", []))["modelplane-worker"]
+    assert "nvidia.com/gpu" not in cpu_only["resources"]["limits"]
+
+
+def test_nothing_runs_as_root_or_holds_an_api_token() -> None:
+    template = workloads.build_worker_pod_template(_config(), "shared", [])
+    assert template["spec"]["securityContext"]["runAsNonRoot"] is True
+    assert template["spec"]["securityContext"]["runAsUser"] != 0
+    assert template["spec"]["automountServiceAccountToken"] is False
+    for container in template["spec"]["containers"]:
+        assert container["securityContext"]["allowPrivilegeEscalation"] is False
+        assert container["securityContext"]["capabilities"]["drop"] == ["ALL"]
+
+
+def test_pool_pods_carry_the_selector_the_router_uses() -> None:
+    pool = workloads.build_pool_deployment(_config(), replicas=3)
+    pod_labels = pool["spec"]["template"]["metadata"]["labels"]
+    for pair in labels.WORKER_SELECTOR.split(","):
+        key, value = pair.split("=")
+        assert pod_labels[key] == value
+    assert pod_labels[labels.POOL] == labels.SHARED_POOL and pool["spec"]["replicas"] == 3
+
+
+def test_a_changed_model_spec_rolls_the_dedicated_group() -> None:
+    first = workloads.build_dedicated_deployment(_spec(), _body(), _config())
+    bigger = _spec().model_copy(update={"memory_bytes": 2**30})
+    second = workloads.build_dedicated_deployment(bigger, _body(), _config())
+    annotation = workloads.SPEC_HASH
+    assert first["spec"]["template"]["metadata"]["annotations"][annotation] != \
+        second["spec"]["template"]["metadata"]["annotations"][annotation]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 import json
+import logging
 import threading
 from pathlib import Path
 from typing import Any, Iterable
@@ -18,6 +19,8 @@ import pydantic
 
 from modelplane_common import errors
 from modelplane_common.spec import ModelSpec, Task
+
+log = logging.getLogger(__name__)
 
 
 class ModelStore(abc.ABC):
@@ -65,11 +68,45 @@ class MemoryModelStore(ModelStore):
 
 
 class JsonModelStore(MemoryModelStore):
-    """The seed's ``models.json``, read once; relative file sources resolve against its folder."""
+    """The seed's ``models.json``; relative file sources resolve against its folder.
+
+    Re-read whenever the file changes (checked on each lookup: one stat), so a
+    pod whose store is a mounted ConfigMap sees ServedModels added after it
+    started. A changed file that does not parse keeps the previous catalog.
+    """
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
+        self._seen = self._signature()
         super().__init__(parse_store_file(self.path))
+
+    def _signature(self) -> tuple[int, int, int] | None:
+        try:
+            st = self.path.stat()
+        except OSError:
+            return None
+        return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+    def _refresh(self) -> None:
+        seen = self._signature()
+        if seen == self._seen or seen is None:
+            return
+        try:
+            specs = parse_store_file(self.path)
+        except ValueError as exc:
+            log.warning("model store %s changed but does not parse; keeping the previous catalog: %s", self.path, exc)
+            return
+        with self._lock:
+            self._specs = {spec.id: spec for spec in specs}
+            self._seen = seen
+
+    def get(self, model_id: str) -> ModelSpec:
+        self._refresh()
+        return super().get(model_id)
+
+    def list(self) -> list[ModelSpec]:
+        self._refresh()
+        return super().list()
 
 
 def parse_store_file(path: Path) -> list[ModelSpec]:

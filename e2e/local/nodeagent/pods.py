@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import threading
 import time
@@ -33,6 +34,8 @@ from nodeagent.nodes import NodeConfig, PodAddresses
 from nodeagent.volumes import VolumeError, VolumeMaker
 
 log = logging.getLogger("nodeagent.pods")
+
+PODNET = Path(__file__).resolve().parent / "podnet"
 
 STEP_S = 0.2
 VOLUME_SYNC_S = 2.0
@@ -150,6 +153,9 @@ class PodRunner(threading.Thread):
     def _container(self, container: dict[str, Any], volume_dirs: dict[str, Path], base: dict[str, str]) -> ContainerRunner:
         rewrite = PodRewriter(self.pod_ip, container_mounts(container, volume_dirs))
         env = EnvBuilder(self._core, self._pod, self.pod_ip, self.node.host_ip, rewrite).build(container, base)
+        # Python processes bind "any"/loopback to the pod IP (see podnet/sitecustomize.py).
+        env["MODELPLANE_E2E_POD_IP"] = self.pod_ip
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PODNET), env.get("PYTHONPATH", "")) if p)
         error = ""
         try:
             argv = [rewrite(expand_vars(a, env)) for a in resolve_argv(container, self.ctx.venv_bin)]

@@ -71,6 +71,11 @@ class FrameworkWorker(abc.ABC):
     def measured_bytes(self) -> int:
         """Bytes this model occupies now that it is loaded (replaces the spec's estimate)."""
 
+    @classmethod
+    def prepare(cls) -> None:
+        """One-time warm-up when the pod starts (heavy imports such as torch), so the first
+        load does not pay for it; the pod reports ready only after it. Optional."""
+
     def is_ready(self) -> bool:
         """Whether the model can serve now (the triton worker asks its sidecar)."""
         return True

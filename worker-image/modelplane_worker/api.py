@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 from typing import Any, AsyncIterator, Callable
 
 import pydantic
@@ -36,6 +37,8 @@ from modelplane_worker.dataplane import DataPlane
 from modelplane_worker.manager import ModelManager
 from modelplane_worker.metrics import WorkerMetrics
 from modelplane_worker.triton_health import TritonHealth
+
+log = logging.getLogger(__name__)
 
 SERVER_NAME = "modelplane-worker"
 SERVER_VERSION = "0.1.0"
@@ -75,6 +78,11 @@ def create_app(
 
     app = FastAPI(title="modelplane worker", version=SERVER_VERSION, lifespan=lifespan)
     http.install_error_handler(app)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error", exc_info=exc)
+        return JSONResponse({"error": f"internal error: {type(exc).__name__}: {exc}"}, status_code=500)
 
     async def body_of(request: Request) -> bytes:
         return await http.read_body_limited(request, max_body_bytes)

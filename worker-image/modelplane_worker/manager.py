@@ -454,7 +454,7 @@ def _as_load_error(spec: ModelSpec, exc: BaseException) -> errors.ModelplaneErro
     if isinstance(exc, asyncio.CancelledError):
         return errors.ModelLoadFailed(prefix + "cancelled (the worker is shutting down)")
     if isinstance(exc, errors.ModelplaneError) and not isinstance(exc, errors.BadInput):
-        if not exc.message.startswith(prefix):
+        if repr(spec.id) not in exc.message:
             exc.message = prefix + exc.message
             exc.args = (exc.message,)
         return exc

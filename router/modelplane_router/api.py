@@ -1,8 +1,8 @@
 """The gateway's HTTP API: the worker's inference endpoints, served for the whole cluster.
 
 Inference bodies (seed ``/predict`` and OIP v2 ``infer``, binary extension
-included) are forwarded untouched; the router reads only the model name (from
-the path, or ``model_id`` for ``/predict``). Load and unload need the admin
+included) are forwarded untouched by ``inference_asgi``; the router reads
+only the model name (from the path, or ``model_id`` for ``/predict``). Load and unload need the admin
 bearer token: 403 when the router has none configured, 401 when the request
 does not carry it.
 """
@@ -13,14 +13,14 @@ import hmac
 import time
 from typing import Any, AsyncIterator
 
-import pydantic
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from modelplane_common import errors
-from modelplane_common.http import install_error_handler, read_body_limited
-from modelplane_common.wire import CopyState, PredictRequest
+from modelplane_common.http import install_error_handler
+from modelplane_common.wire import CopyState
+from modelplane_router.inference_asgi import InferenceRoutes
 from modelplane_router.service import RouterService
 from modelplane_router.upstream import PASSED_RESPONSE_HEADERS, UpstreamResponse
 
@@ -61,7 +61,8 @@ def models_report(service: RouterService) -> dict[str, Any]:
     return {"available_models": sorted(model_map.known_models()), "loaded_models": loaded, "copies": copies}
 
 
-def create_app(service: RouterService, admin_token: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+def create_app(service: RouterService, admin_token: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> InferenceRoutes:
+    """The gateway: the inference routes in plain ASGI (inference_asgi.py) in front of a FastAPI app for the rest."""
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await service.start()
@@ -75,40 +76,21 @@ def create_app(service: RouterService, admin_token: str | None = None, max_body_
     router = service.router
     metrics = service.metrics
 
-    async def forward(model: str, request: Request, body: bytes) -> Response:
+    @app.get("/v2/models/{name}")
+    @app.get("/v2/models/{name}/versions/{version}")
+    async def model_metadata(name: str, request: Request, version: str | None = None) -> Response:
         started = time.perf_counter()
         code = "500"
         try:
-            upstream = await router.forward(model, request.method, request.url.path, body, request.headers)
+            upstream = await router.forward(name, "GET", request.url.path, b"", request.headers)
             code = str(upstream.status_code)
             return passed_response(upstream)
         except errors.ModelplaneError as exc:
             code = str(exc.status_code)
             raise
         finally:
-            metrics.requests.labels(model, code).inc()
-            metrics.latency.labels(model).observe(time.perf_counter() - started)
-
-    @app.post("/predict")
-    async def predict(request: Request) -> Response:
-        body = await read_body_limited(request, max_body_bytes)
-        try:
-            parsed = PredictRequest.model_validate_json(body)
-        except pydantic.ValidationError as exc:
-            problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in exc.errors())
-            raise errors.InvalidRequest(f"invalid /predict request: {problems}") from None
-        return await forward(parsed.model_id, request, body)
-
-    @app.post("/v2/models/{name}/infer")
-    @app.post("/v2/models/{name}/versions/{version}/infer")
-    async def infer(name: str, request: Request, version: str | None = None) -> Response:
-        body = await read_body_limited(request, max_body_bytes)
-        return await forward(name, request, body)
-
-    @app.get("/v2/models/{name}")
-    @app.get("/v2/models/{name}/versions/{version}")
-    async def model_metadata(name: str, request: Request, version: str | None = None) -> Response:
-        return await forward(name, request, b"")
+            metrics.requests.labels(name, code).inc()
+            metrics.latency.labels(name).observe(time.perf_counter() - started)
 
     @app.get("/v2/models/{name}/ready")
     @app.get("/v2/models/{name}/versions/{version}/ready")
@@ -174,4 +156,4 @@ def create_app(service: RouterService, admin_token: str | None = None, max_body_
         metrics.pods.set(len(service.model_map.pods()))
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    return app
+    return InferenceRoutes(app, router, metrics, max_body_bytes)

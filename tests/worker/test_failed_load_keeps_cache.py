@@ -46,3 +46,22 @@ async def test_a_source_outside_any_mounted_volume_fails_cleanly(tmp_path) -> No
         assert manager.loaded_ids() == []
     finally:
         await manager.close()
+
+
+async def test_a_framework_that_cannot_be_created_fails_the_load_and_evicts_nothing(tmp_path) -> None:
+    store = ballast.catalog(tmp_path, {key: {"size": MiB, "memory": MiB} for key in ["a", "b", "exotic"]})
+
+    def create_worker(spec, context):
+        if spec.id == "exotic":
+            raise ImportError("No module named 'exotic_framework'")
+        return ballast.create_worker(spec, context)
+
+    manager = ballast.ModelManager(store, ballast.WorkerContext(), 2 * MiB, create_worker=create_worker)
+    try:
+        await manager.load("a")
+        await manager.load("b")
+        with pytest.raises(errors.ModelLoadFailed, match="'exotic' failed: ImportError: No module named 'exotic_framework'"):
+            await manager.load("exotic")
+        assert manager.loaded_ids() == ["a", "b"]
+    finally:
+        await manager.close()

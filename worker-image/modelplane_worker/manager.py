@@ -275,31 +275,27 @@ class ModelManager:
             )
         if self._victims_locked(extra_bytes=estimate, extra_slots=1, exclude=None) is None:
             raise self._no_capacity(spec, estimate)
-        try:
-            worker = self._create_worker(spec, self.context)  # cheap: an unknown framework fails here
-        except Exception as exc:  # noqa: BLE001 - an unknown framework, or its module failing to import
-            cause = exc.message if isinstance(exc, errors.ModelplaneError) else f"{type(exc).__name__}: {exc}"
-            raise errors.ModelLoadFailed(f"cannot load model {spec.id!r}: {cause}") from exc
         copy = _Copy(spec=spec, state=CopyState.LOADING, bytes=estimate, loading=asyncio.get_running_loop().create_future())
         self._copies[spec.id] = copy
-        self._spawn(self._run_load(copy, worker))
+        self._spawn(self._run_load(copy))
         self._observer.memory_used(self.used_bytes())
         return copy
 
-    async def _run_load(self, copy: _Copy, worker: FrameworkWorker) -> None:
+    async def _run_load(self, copy: _Copy) -> None:
         spec = copy.spec
         started = time.perf_counter()
         loop = asyncio.get_running_loop()
-        loading_started = False
+        worker: FrameworkWorker | None = None
         try:
             if self._preflight is not None:
                 await self._preflight(spec)
-            loading_started = True
+            # On the load thread: the first use of a framework imports its module (seconds for torch).
+            worker = await loop.run_in_executor(self._load_pool, self._create_worker, spec, self.context)
             await loop.run_in_executor(self._load_pool, worker.load)
             measured = await loop.run_in_executor(self._load_pool, worker.measured_bytes)
         except BaseException as exc:  # noqa: BLE001 - every failure must reach the waiters
             error = _as_load_error(spec, exc)
-            if loading_started:
+            if worker is not None:
                 await self._discard(worker)
             await self._fail_load(copy, error, time.perf_counter() - started)
             if isinstance(exc, asyncio.CancelledError):

@@ -1,6 +1,7 @@
 """Every kind of bad input gets its own status and a message naming the problem, over real HTTP."""
 from __future__ import annotations
 
+import gzip
 import json
 
 import httpx
@@ -92,6 +93,13 @@ def test_a_body_over_the_limit_is_413(worker) -> None:
     big = {"model_id": "a", "input_data": [1.0] * 2000}
     assert "limit of 4096 bytes" in error_of(worker.post("/predict", json=big), 413)
     assert worker.post("/predict", json={"model_id": "a", "input_data": [1]}).status_code == 200
+
+
+def test_a_compressed_body_that_inflates_past_the_limit_is_413(worker) -> None:
+    bomb = gzip.compress(json.dumps(infer_body(shape=(5000,), data=[0.0] * 5000)).encode())
+    assert len(bomb) < 4096
+    assert "decompressed" in error_of(worker.post("/v2/models/a/infer", content=bomb, headers={"content-encoding": "gzip"}), 413)
+    assert "not valid gzip" in error_of(worker.post("/v2/models/a/infer", content=b"junk", headers={"content-encoding": "gzip"}), 400)
 
 
 def test_a_corrupt_or_missing_model_is_500_with_its_cause_and_the_cache_unchanged(worker) -> None:

@@ -52,6 +52,13 @@ def test_mixed_binary_and_json_outputs_only_the_requested_ones(client) -> None:
     assert result.as_numpy("MODEL") is None
 
 
+@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
+def test_compressed_requests(client, algorithm) -> None:
+    values = np.arange(1000, dtype=np.float32)
+    result = client.infer("double", [input_tensor(values, binary=True)], request_compression_algorithm=algorithm)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), values * 2)
+
+
 def test_server_and_model_endpoints(client) -> None:
     assert client.is_server_live() and client.is_server_ready()
     client.load_model("triple")

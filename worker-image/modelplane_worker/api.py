@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import zlib
 from typing import Any, AsyncIterator, Callable
 
 import pydantic
@@ -139,9 +140,8 @@ def create_app(
     @app.post("/v2/models/{name}/versions/{version}/infer")
     async def infer(name: str, request: Request, version: str | None = None) -> Response:
         header_length = parse_header_length(request.headers.get(codec.HEADER_LENGTH))
-        if request.headers.get("content-encoding", "identity") != "identity":
-            raise errors.BadInput(f"Content-Encoding {request.headers['content-encoding']!r} is not supported; send the body uncompressed")
-        body, headers = await dataplane.infer(name, version, await body_of(request), header_length)
+        raw = decompress(await body_of(request), request.headers.get("content-encoding", "identity"), max_body_bytes)
+        body, headers = await dataplane.infer(name, version, raw, header_length)
         return Response(content=body, headers=headers)
 
     # ----- OIP v2: repository ----------------------------------------------
@@ -213,6 +213,26 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise errors.InvalidRequest("request body must be a JSON object")
     return value
+
+
+_ZLIB_WINDOW = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+
+
+def decompress(body: bytes, encoding: str, limit_bytes: int) -> bytes:
+    """A gzip/deflate request body (tritonclient's request compression), refused past `limit_bytes`."""
+    encoding = encoding.strip().lower()
+    if encoding in ("", "identity"):
+        return body
+    if encoding not in _ZLIB_WINDOW:
+        raise errors.BadInput(f"Content-Encoding {encoding!r} is not supported; use gzip, deflate or none")
+    inflater = zlib.decompressobj(_ZLIB_WINDOW[encoding])
+    try:
+        raw = inflater.decompress(body, limit_bytes + 1)
+    except zlib.error as exc:
+        raise errors.BadInput(f"request body is not valid {encoding}: {exc}") from None
+    if len(raw) > limit_bytes or inflater.unconsumed_tail:
+        raise errors.PayloadTooLarge(f"decompressed request body exceeds the limit of {limit_bytes} bytes")
+    return raw
 
 
 def parse_header_length(value: str | None) -> int | None:

@@ -54,9 +54,13 @@ class TransformersWorker(FrameworkWorker):
 
         self._device = torch_common.torch_device(self.context.device)
         model_class = AutoModelForSequenceClassification if self.task == Task.TEXT_CLASSIFICATION else AutoModel
+        # On CPU, read the weights into our memory instead of mapping the file: the first
+        # requests then do not page-fault from disk, the measured size is resident, and a
+        # file replaced on the volume cannot change a loaded model. (CUDA copies anyway.)
+        read_into_memory = self._device.type == "cpu"
         try:
             tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
-            model = model_class.from_pretrained(str(folder), local_files_only=True)
+            model = model_class.from_pretrained(str(folder), local_files_only=True, disable_mmap=read_into_memory)
         except Exception as exc:  # transformers raises OSError, ValueError, KeyError, safetensors errors...
             raise errors.ModelLoadFailed(
                 f"model {self.spec.id!r}: transformers could not load {folder}: {type(exc).__name__}: {exc}"

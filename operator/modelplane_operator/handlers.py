@@ -125,6 +125,9 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
             prefix="modelplane.io", key="last-handled-configuration")
         settings.persistence.finalizer = FINALIZER
         settings.posting.level = logging.WARNING  # our own events, not kopf's chatter
+        # Serve the one namespace and the CRD present at start: no cluster-wide list/watch of
+        # namespaces and CRDs, so the operator's RBAC stays a namespaced Role.
+        settings.scanning.disabled = True
         settings.watching.server_timeout = 60
         memo.kube = kube.Kube(kube.connect())
         sync_pool(memo.kube, logger)

@@ -84,3 +84,16 @@ def running_operator(config: OperatorConfig) -> Iterator[KopfRunner]:
     with KopfRunner(args, registry=build_registry(config), timeout=60) as runner:
         yield runner
     assert runner.exception is None, runner.output[-4000:]
+
+
+def service_account_kubeconfig(kube: KubeCluster, namespace: str, account: str, path: Path) -> Path:
+    """A kubeconfig that authenticates as a ServiceAccount (a real bound token), for RBAC tests."""
+    token = kube.kubectl("-n", namespace, "create", "token", account, "--duration=1h").stdout.strip()
+    ca = kube.workdir / "pki" / "ca.crt"
+    path.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "sa",
+        "clusters": [{"name": "c", "cluster": {"server": kube.server, "certificate-authority": str(ca)}}],
+        "users": [{"name": account, "user": {"token": token}}],
+        "contexts": [{"name": "sa", "context": {"cluster": "c", "user": account, "namespace": namespace}}],
+    }))
+    return path

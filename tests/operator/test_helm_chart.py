@@ -1,0 +1,100 @@
+"""The Helm chart lints, renders objects the real API server accepts, and grants the
+operator exactly what it needs: it works under its own ServiceAccount and can do nothing more."""
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from modelplane_testing.kube_cluster import KubeCluster
+from modelplane_testing.operator_harness import (Cluster, operator_config, running_operator, served_model,
+                                                 service_account_kubeconfig, wait_for)
+
+CHART = Path(__file__).resolve().parents[2] / "charts" / "modelplane"
+
+
+def _helm(kube: KubeCluster, *args: str) -> subprocess.CompletedProcess[str]:
+    if kube.binaries.helm is None:
+        pytest.fail("helm is missing; run `make install-k8s`", pytrace=False)
+    return subprocess.run([str(kube.binaries.helm), *args], capture_output=True, text=True, timeout=60,
+                          env=kube.env())
+
+
+def _render(cluster: Cluster, *extra: str) -> str:
+    result = _helm(cluster.kube, "template", "modelplane", str(CHART), "--namespace", cluster.namespace,
+                   "--include-crds", *extra)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_helm_lint_passes(kube_cluster: KubeCluster) -> None:
+    result = _helm(kube_cluster, "lint", str(CHART), "--strict")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_rendered_chart_passes_server_side_dry_run(cluster: Cluster) -> None:
+    manifest = _render(cluster, "--set", "workers.modelClaims={models,extra}", "--set", "router.adminTokenSecret=tok")
+    result = cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=manifest, check=False)
+    assert result.returncode == 0, result.stderr
+    created = result.stdout
+    for name in ("deployment.apps/modelplane-operator", "deployment.apps/modelplane-router",
+                 "service/modelplane-router", "role.rbac.authorization.k8s.io/modelplane-operator",
+                 "serviceaccount/modelplane-worker", "customresourcedefinition.apiextensions.k8s.io/servedmodels.modelplane.io"):
+        assert name in created, created
+
+
+def _can(cluster: Cluster, account: str, *args: str) -> bool:
+    who = f"system:serviceaccount:{cluster.namespace}:{account}"
+    answer = cluster.kubectl("auth", "can-i", *args, "--as", who, check=False).stdout.strip()
+    return answer == "yes"
+
+
+@pytest.fixture
+def installed(cluster: Cluster) -> Cluster:
+    manifest = _render(cluster)
+    cluster.kubectl("apply", "-f", "-", input=manifest)
+    return cluster
+
+
+OPERATOR_NEEDS = [
+    ("watch", "servedmodels.modelplane.io"), ("patch", "servedmodels.modelplane.io"),
+    ("patch", "servedmodels.modelplane.io/status"), ("create", "deployments.apps"),
+    ("patch", "deployments.apps"), ("delete", "deployments.apps"), ("list", "pods"),
+    ("create", "events"), ("create", "configmaps"), ("patch", "configmaps/modelplane-models"),
+]
+OPERATOR_MUST_NOT = [
+    ("get", "secrets"), ("list", "secrets"), ("create", "pods"), ("delete", "pods"),
+    ("delete", "servedmodels.modelplane.io"), ("patch", "configmaps/kube-root-ca.crt"),
+    ("create", "roles.rbac.authorization.k8s.io"), ("list", "nodes"), ("delete", "namespaces"),
+    ("list", "customresourcedefinitions.apiextensions.k8s.io"),
+    ("create", "deployments.apps", "-n", "default"),
+]
+
+
+def test_operator_account_may_do_its_job_and_nothing_else(installed: Cluster) -> None:
+    missing = [args for args in OPERATOR_NEEDS if not _can(installed, "modelplane-operator", *args)]
+    excess = [args for args in OPERATOR_MUST_NOT if _can(installed, "modelplane-operator", *args)]
+    assert (missing, excess) == ([], [])
+
+
+def test_router_and_worker_accounts_are_read_only_or_nothing(installed: Cluster) -> None:
+    assert _can(installed, "modelplane-router", "watch", "pods")
+    assert _can(installed, "modelplane-router", "list", "servedmodels.modelplane.io")
+    assert not _can(installed, "modelplane-router", "patch", "servedmodels.modelplane.io")
+    assert not _can(installed, "modelplane-router", "get", "secrets")
+    assert not _can(installed, "modelplane-worker", "list", "pods")
+
+
+def test_operator_works_under_its_own_service_account(installed: Cluster, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    kubeconfig = service_account_kubeconfig(installed.kube, installed.namespace, "modelplane-operator",
+                                            tmp_path / "operator.kubeconfig")
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    with running_operator(operator_config(installed.namespace, worker_service_account="modelplane-worker")):
+        installed.apply(served_model("rbac-check", placement="dedicated", replicas={"min": 1, "max": 1}))
+        wait_for(lambda: (installed.condition("rbac-check", "Accepted") or {}).get("status") == "True", "Accepted")
+        deployment = wait_for(lambda: installed.get("deployment", "rbac-check-dedicated"), "the dedicated Deployment")
+        assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == "modelplane-worker"
+        wait_for(lambda: installed.get("configmap", "modelplane-models"), "the model store")
+        installed.kubectl("delete", "servedmodel", "rbac-check", "--timeout=30s")

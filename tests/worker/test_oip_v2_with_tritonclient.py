@@ -13,7 +13,7 @@ from modelplane_testing.worker_server import ballast_app, serve_in_thread
 
 @pytest.fixture(scope="module")
 def client(tmp_path_factory):
-    store = ballast.catalog(tmp_path_factory.mktemp("models"), {"double": {"size": MiB, "factor": 2.0}, "triple": {"size": MiB, "factor": 3.0}})
+    store = ballast.catalog(tmp_path_factory.mktemp("models"), {"double": {"size": MiB, "factor": 2.0}, "triple": {"size": MiB, "factor": 3.0}, "idle": {"size": MiB}})
     with serve_in_thread(ballast_app(store, budget=10 * MiB)) as url:
         client = triton_http.InferenceServerClient(url=url.removeprefix("http://"))
         try:
@@ -72,6 +72,14 @@ def test_server_and_model_endpoints(client) -> None:
     assert not client.is_model_ready("triple")
     index = {entry["name"]: entry["state"] for entry in client.get_model_repository_index()}
     assert index["triple"] == "UNAVAILABLE"
+
+
+def test_metadata_never_loads_a_model(client) -> None:
+    assert client.get_server_metadata()["extensions"] == ["binary_tensor_data", "model_repository"]
+    metadata = client.get_model_metadata("idle")
+    assert metadata == {"name": "idle", "versions": ["1"], "platform": "torchvision", "inputs": [], "outputs": []}
+    assert not client.is_model_ready("idle")
+    assert ballast.ATTEMPTS["idle"] == 0
 
 
 def test_errors_reach_the_client_with_their_message(client) -> None:

@@ -222,17 +222,24 @@ class Router:
             self.spawn(self._remove_copy(action.model, ready))
 
     def _start_load(self, model: str, holders: list[str], reason: str) -> None:
-        async def run() -> None:
+        """Start adding a copy in the background; the model counts as loading until it is done."""
+
+        async def first_copy() -> None:
             try:
-                if not holders:
-                    await self.ready_copies(model)
-                    return
-                decision = self.place(model, holders)
-                await self.load_on(decision, model)
+                await self.ready_copies(model)  # registers its own single-flight load
+            except (errors.ModelplaneError, PodUnreachable) as exc:
+                log.warning("could not load %s (%s): %s", model, reason, exc)
+
+        async def extra_copy() -> None:
+            try:
+                await self.load_on(self.place(model, holders), model)
             except (errors.ModelplaneError, PodUnreachable) as exc:
                 log.warning("could not add a copy of %s (%s): %s", model, reason, exc)
 
-        future = asyncio.ensure_future(run())
+        if not holders:
+            self.spawn(first_copy())
+            return
+        future = asyncio.ensure_future(extra_copy())
         self._loads[model] = future
         future.add_done_callback(lambda f, m=model: self._loads.pop(m, None) if self._loads.get(m) is f else None)
 

@@ -170,3 +170,18 @@ async def test_power_of_two_choices_prefers_the_idle_copy():
     for _ in range(5):
         model_map.begin_request("http://p0", "a")
     assert {router.choose_copy("a", ["http://p0", "http://p1"]) for _ in range(20)} == {"http://p1"}
+
+
+async def test_control_loop_brings_a_model_up_to_its_minimum_copies_on_distinct_pods():
+    pods = [FakePod(f"http://p{i}", 1000 * MiB, CATALOG) for i in range(3)]
+    router, model_map, _ = build(pods)
+    router.limits_for = lambda m: ModelLimits(2, 2) if m == "a" else ModelLimits(0, 1)
+    await router.sync.refresh_all()
+    for _ in range(50):
+        await router.reconcile_once()
+        await asyncio.sleep(0.01)
+        if len(model_map.ready_copies("a")) == 2:
+            break
+    assert len(model_map.ready_copies("a")) == 2
+    assert sorted(len(p.loads) for p in pods) == [0, 1, 1]
+    assert all(p.loads in ([], ["a"]) for p in pods)

@@ -122,17 +122,18 @@ def start_worker(
     port: int | None = None,
     extra_args: Sequence[str] = (),
     launcher: Sequence[str] | None = None,
+    host: str = "127.0.0.1",
 ) -> Process:
     """A real ``modelplane-worker`` process (or `launcher`, which takes the same arguments)."""
     port = port or free_port()
     argv = list(launcher or [str(BIN / "modelplane-worker")])
-    argv += ["--model-store", str(model_store), "--host", "127.0.0.1", "--port", str(port),
+    argv += ["--model-store", str(model_store), "--host", host, "--port", str(port),
              "--memory-budget", memory_budget, "--pod-name", name,
              "--triton-url", triton.url.removeprefix("http://") if triton else ""]
     if triton_repository is not None:
         argv += ["--triton-repository", str(triton_repository)]
     argv += list(extra_args)
-    return spawn(name, argv, log_dir, url=f"http://127.0.0.1:{port}")
+    return spawn(name, argv, log_dir, url=f"http://{host}:{port}")
 
 
 def start_router(

@@ -5,24 +5,17 @@ IP, Ready condition) through the status subresource, as a kubelet would.
 """
 from __future__ import annotations
 
-import time
+import socket
 from pathlib import Path
-from typing import Callable
 
+import httpx
 import pytest
+
+from conftest import BALLAST_LAUNCHER, copies, local_stack, wait_for, write_ballast_store
 
 pytestmark = [pytest.mark.kube, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
 SELECTOR = "app.kubernetes.io/component=worker"
-
-
-def wait_for(condition: Callable[[], bool], what: str, deadline_s: float = 20.0) -> None:
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end:
-        if condition():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.fixture(scope="module")
@@ -116,3 +109,64 @@ def test_served_models_give_their_copy_limits(kube, served_model_crd):
         wait_for(lambda: discovery.spec_of("sentiment") is None, "the deleted ServedModel out of discovery")
     finally:
         discovery.stop()
+
+
+def free_port_on(*hosts: str) -> int:
+    """A port free on every one of `hosts` (loopback addresses standing in for pod IPs)."""
+    for _ in range(50):
+        with socket.socket() as probe:
+            probe.bind((hosts[0], 0))
+            port = probe.getsockname()[1]
+        try:
+            for host in hosts[1:]:
+                with socket.socket() as other:
+                    other.bind((host, port))
+            return port
+        except OSError:
+            continue
+    raise RuntimeError(f"no common free port on {hosts}")
+
+
+def test_router_in_cluster_mode_serves_through_discovered_pods(cluster, kube, procs, tmp_path):
+    """Real apiserver + real worker processes on two loopback 'pod IPs' + `modelplane-router --cluster`."""
+    from kubernetes import client
+
+    core = client.CoreV1Api(kube)
+    store = write_ballast_store(tmp_path, {"m": {"mib": 4, "max": 2}})
+    ips = ["127.0.0.21", "127.0.0.22"]
+    port = free_port_on(*ips)
+    workers = []
+    for i, ip in enumerate(ips):
+        worker = local_stack.start_worker(f"worker-{i + 1}", store, procs.log_dir, "100Mi", port=port, host=ip,
+                                          extra_args=["--min-residency-s", "0"], launcher=BALLAST_LAUNCHER)
+        procs.started.append(worker)
+        workers.append(worker)
+    for worker in workers:
+        local_stack.wait_http(worker, "/v2/health/ready", 90)
+    names = ["pod-worker-1", "pod-worker-2"]
+    try:
+        for name, ip, node in zip(names, ips, ("node-1", "node-2")):
+            make_pod(core, name, node)
+            set_ready(core, name, ip, True)
+        router = procs.router([], args=["--cluster", "--kubeconfig", str(cluster.kubeconfig), "--namespace", "default",
+                                        "--worker-selector", SELECTOR, "--worker-port", str(port)], urls=["unused"])
+        response = httpx.post(f"{router.url}/predict", json={"model_id": "m", "input_data": [3]}, timeout=60)
+        assert response.status_code == 200, response.text
+        assert response.json()["predictions"]["scaled"] == [6.0]
+        (holder,) = copies(router.url, "m")
+        pods = {p["pod"]: p for p in httpx.get(f"{router.url}/router/pods", timeout=10).json()}
+        assert set(pods) == {"worker-1", "worker-2"}
+        assert {p["node"] for p in pods.values()} == {"node-1", "node-2"}
+        # the holder's pod object goes away: the router stops using it and places the model on the other pod
+        gone = names[int(holder[-1]) - 1]
+        core.delete_namespaced_pod(gone, "default", grace_period_seconds=0)
+        wait_for(lambda: holder not in {p["pod"] for p in httpx.get(f"{router.url}/router/pods", timeout=10).json()}, "the deleted pod to leave the map")
+        assert httpx.post(f"{router.url}/predict", json={"model_id": "m", "input_data": [1]}, timeout=60).status_code == 200
+        assert copies(router.url, "m") == [next(n for n in ("worker-1", "worker-2") if n != holder)]
+    finally:
+        for name in names:
+            try:
+                core.delete_namespaced_pod(name, "default", grace_period_seconds=0)
+            except client.ApiException:
+                pass
+

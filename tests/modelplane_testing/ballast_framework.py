@@ -31,9 +31,10 @@ LOADS: collections.Counter[str] = collections.Counter()  # loads that read a val
 UNLOADS: collections.Counter[str] = collections.Counter()
 
 
-def write_model(folder: Path, size: int, load_delay_s: float = 0.0, factor: float = 2.0) -> Path:
+def write_model(folder: Path, size: int, load_delay_s: float = 0.0, factor: float = 2.0, predict_delay_s: float = 0.0) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "ballast.json").write_text(json.dumps({"bytes": size, "load_delay_s": load_delay_s, "factor": factor}))
+    config = {"bytes": size, "load_delay_s": load_delay_s, "factor": factor, "predict_delay_s": predict_delay_s}
+    (folder / "ballast.json").write_text(json.dumps(config))
     return folder
 
 
@@ -58,6 +59,8 @@ class BallastWorker(FrameworkWorker):
         super().__init__(spec, context)
         self._data: np.ndarray | None = None
         self._factor = 1.0
+        self._predict_delay_s = 0.0
+        self.predicting = threading.Event()  # set while predict() runs (tests wait on it)
 
     def load(self) -> None:
         with _loads_lock:
@@ -66,6 +69,7 @@ class BallastWorker(FrameworkWorker):
         try:
             config = json.loads((folder / "ballast.json").read_text())
             size, delay, factor = int(config["bytes"]), float(config.get("load_delay_s", 0)), float(config.get("factor", 2))
+            self._predict_delay_s = float(config.get("predict_delay_s", 0))
         except FileNotFoundError:
             raise errors.ModelLoadFailed(f"{folder / 'ballast.json'} is missing") from None
         except (ValueError, KeyError, TypeError) as exc:
@@ -79,6 +83,13 @@ class BallastWorker(FrameworkWorker):
     def predict(self, input_data: Any) -> Any:
         if not isinstance(input_data, list) or not all(isinstance(x, (int, float)) for x in input_data):
             raise errors.BadInput("input_data must be a list of numbers")
+        self.predicting.set()
+        try:
+            time.sleep(self._predict_delay_s)
+            if self._data is None:
+                raise RuntimeError(f"{self.spec.id} was unloaded during predict()")
+        finally:
+            self.predicting.clear()
         return {"model": self.spec.id, "scaled": [x * self._factor for x in input_data]}
 
     def infer(self, inputs: dict[str, np.ndarray], parameters: dict[str, Any]) -> dict[str, np.ndarray]:
@@ -113,7 +124,7 @@ MiB = 2**20
 def catalog(root: Path, models: dict[str, dict[str, Any]]) -> MemoryModelStore:
     """A store of ballast models: ``{"a": {"size": MiB, "delay": 0.2, "memory": "1Mi", "pinned": True}}``.
 
-    A model with ``"missing": True`` has no file; ``"corrupt": True`` has a broken one.
+    ``"predict_delay"`` makes each predict() take that long. A model with ``"missing": True`` has no file; ``"corrupt": True`` has a broken one.
     """
     store = MemoryModelStore()
     for model_id, options in models.items():
@@ -124,7 +135,9 @@ def catalog(root: Path, models: dict[str, dict[str, Any]]) -> MemoryModelStore:
             folder.mkdir(parents=True, exist_ok=True)
             (folder / "ballast.json").write_text('{"bytes": ')
         else:
-            write_model(folder, options.get("size", MiB), options.get("delay", 0.0), options.get("factor", 2.0))
+            write_model(
+                folder, options.get("size", MiB), options.get("delay", 0.0), options.get("factor", 2.0), options.get("predict_delay", 0.0)
+            )
         store.put(make_spec(model_id, folder, memory=options.get("memory", 0), pinned=options.get("pinned", False)))
     return store
 

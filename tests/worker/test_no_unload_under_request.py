@@ -7,6 +7,9 @@ import pytest
 
 from modelplane_testing import ballast_framework as ballast
 from modelplane_testing.ballast_framework import MiB
+from modelplane_worker.dataplane import DataPlane
+from modelplane_worker.metrics import WorkerMetrics
+from modelplane_worker.triton_health import TritonHealth
 
 
 @pytest.fixture(autouse=True)
@@ -41,5 +44,25 @@ async def test_explicit_unload_then_request_loads_again(tmp_path) -> None:
         async with manager.use("a"):
             pass
         assert ballast.LOADS["a"] == 2
+    finally:
+        await manager.close()
+
+
+async def test_a_request_whose_caller_went_away_still_holds_its_model_until_inference_ends(tmp_path) -> None:
+    store = ballast.catalog(tmp_path, {"a": {"size": MiB, "memory": MiB, "predict_delay": 0.5}, "b": {"size": MiB, "memory": MiB}})
+    manager = ballast.manager(store, budget=MiB)
+    dataplane = DataPlane(manager, WorkerMetrics("pod", MiB), TritonHealth(""))
+    try:
+        await manager.load("a")
+        request = asyncio.create_task(dataplane.predict("a", [1]))
+        worker_a = manager.loaded_worker("a")
+        await asyncio.to_thread(worker_a.predicting.wait, 5)
+        request.cancel()  # the client disconnected; the inference thread runs on
+        await manager.load("b")  # evicts a, the only candidate
+        assert worker_a.predicting.is_set() and ballast.UNLOADS["a"] == 0
+        with pytest.raises(asyncio.CancelledError):
+            await request
+        await manager.settled()
+        assert ballast.UNLOADS["a"] == 1 and manager.loaded_ids() == ["b"]
     finally:
         await manager.close()

@@ -89,8 +89,14 @@ class DataPlane:
             self.metrics.request_finished(spec, code, time.perf_counter() - started)
 
     async def _run(self, spec: ModelSpec, function: Any, *args: Any) -> Any:
+        inference = asyncio.ensure_future(asyncio.to_thread(function, *args))
         try:
-            return await asyncio.to_thread(function, *args)
+            return await asyncio.shield(inference)
+        except asyncio.CancelledError:
+            # The caller went away, but the thread still uses the model: keep holding it
+            # (in flight) until the thread is done, so no eviction unloads it underneath.
+            await asyncio.gather(inference, return_exceptions=True)
+            raise
         except errors.ModelplaneError:
             raise
         except Exception as exc:

@@ -14,6 +14,7 @@ import threading
 from pathlib import Path
 from typing import Any, Iterable, Protocol
 
+from modelplane_common import labels
 from modelplane_common import spec as spec_module
 from modelplane_common.spec import ModelSpec
 
@@ -23,6 +24,7 @@ log = logging.getLogger(__name__)
 class Discovery(Protocol):
     def urls(self) -> list[str]: ...
     def node_of(self, url: str) -> str: ...
+    def pool_of(self, url: str) -> str: ...
     def spec_of(self, model: str) -> ModelSpec | None: ...
     def specs(self) -> list[ModelSpec]: ...
 
@@ -63,6 +65,9 @@ class StaticDiscovery:
     def node_of(self, url: str) -> str:
         return ""
 
+    def pool_of(self, url: str) -> str:
+        return ""
+
     def spec_of(self, model: str) -> ModelSpec | None:
         return self._specs.get(model)
 
@@ -90,7 +95,7 @@ class KubeDiscovery:
         self.worker_port = worker_port
         self._core = client.CoreV1Api(api_client)
         self._custom = client.CustomObjectsApi(api_client)
-        self._pods: dict[str, tuple[str, str]] = {}  # pod name -> (url, node)
+        self._pods: dict[str, tuple[str, str, str]] = {}  # pod name -> (url, node, pool label)
         self._specs: dict[str, ModelSpec] = {}
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -98,10 +103,14 @@ class KubeDiscovery:
 
     # --- interface ---------------------------------------------------------------------
     def urls(self) -> list[str]:
-        return sorted(url for url, _ in self._pods.values())
+        return sorted(url for url, _, _ in self._pods.values())
 
     def node_of(self, url: str) -> str:
-        return next((node for u, node in self._pods.values() if u == url), "")
+        return next((node for u, node, _ in self._pods.values() if u == url), "")
+
+    def pool_of(self, url: str) -> str:
+        """The pod's ``modelplane.io/pool`` label: "shared", or the model of a dedicated group."""
+        return next((pool for u, _, pool in self._pods.values() if u == url), "")
 
     def spec_of(self, model: str) -> ModelSpec | None:
         return self._specs.get(model)
@@ -135,7 +144,8 @@ class KubeDiscovery:
         if url is None:
             self._pods.pop(name, None)
         else:
-            self._pods[name] = (url, pod.spec.node_name or "")
+            pool = (pod.metadata.labels or {}).get(labels.POOL, "")
+            self._pods[name] = (url, pod.spec.node_name or "", pool)
 
     def apply_served_model_event(self, kind: str, body: dict[str, Any]) -> None:
         name = body.get("metadata", {}).get("name", "")

@@ -14,7 +14,7 @@ from typing import Sequence
 
 import uvicorn
 
-from modelplane_common import quantity
+from modelplane_common import labels, quantity
 from modelplane_router import placement
 from modelplane_router.api import DEFAULT_MAX_BODY_BYTES, create_app
 from modelplane_router.discovery import Discovery, KubeDiscovery, StaticDiscovery, read_model_store
@@ -35,7 +35,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--cluster", action="store_true", default=env("MODELPLANE_ROUTER_CLUSTER", "") in ("1", "true"),
                    help="cluster mode: discover worker pods and ServedModels through the Kubernetes API")
     p.add_argument("--namespace", default=env("MODELPLANE_NAMESPACE", "default"))
-    p.add_argument("--worker-selector", default=env("MODELPLANE_WORKER_SELECTOR", "app.kubernetes.io/component=worker"))
+    p.add_argument("--worker-selector", default=env("MODELPLANE_WORKER_SELECTOR", labels.WORKER_SELECTOR))
     p.add_argument("--worker-port", type=int, default=int(env("MODELPLANE_WORKER_PORT", "8080")))
     p.add_argument("--kubeconfig", default=env("KUBECONFIG"))
     p.add_argument("--host", default=env("MODELPLANE_ROUTER_HOST", "127.0.0.1"))

@@ -44,6 +44,7 @@ class Router:
         placement_settings: placement.PlacementSettings = placement.PlacementSettings(),
         rng: random.Random | None = None,
         retry_after_s: int = 5,
+        eligible: Callable[[str, str], bool] = lambda model, url: True,
     ) -> None:
         self.model_map = model_map
         self.client = client
@@ -54,6 +55,7 @@ class Router:
         self.placement_settings = placement_settings
         self.rng = rng or random.Random()
         self.retry_after_s = retry_after_s
+        self.eligible = eligible  # (model, pod url) -> may a new copy go there (dedicated pools)
         self._loads: dict[str, asyncio.Future[None]] = {}
         self._background: set[asyncio.Task[None]] = set()
 
@@ -114,7 +116,7 @@ class Router:
 
     def place(self, model: str, holders: tuple[str, ...] | list[str]) -> placement.Decision:
         need = self.model_map.estimated_bytes(model)
-        capable = {p.url for p in self.model_map.pods_with_catalog(model)}
+        capable = {p.url for p in self.model_map.pods_with_catalog(model) if self.eligible(model, p.url)}
         rooms = [r for r in placement.rooms_from_map(self.model_map) if r.url in capable]
         if holders:
             decision = placement.place_replica(model, need, rooms, holders, self.placement_settings)

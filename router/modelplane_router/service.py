@@ -9,6 +9,8 @@ import asyncio
 import dataclasses
 import random
 
+from modelplane_common import labels
+from modelplane_common.spec import Placement
 from modelplane_router import placement
 from modelplane_router.discovery import Discovery
 from modelplane_router.model_map import ModelMap
@@ -52,8 +54,18 @@ class RouterService:
             settings.placement,
             random.Random(settings.seed),
             settings.retry_after_s,
+            self.eligible,
         )
         self._tasks: list[asyncio.Task[None]] = []
+
+    def eligible(self, model: str, url: str) -> bool:
+        """Whether `url` may receive a new copy of `model`: dedicated groups hold only their own model."""
+        pool = self.discovery.pool_of(url)
+        if not pool:
+            return True
+        spec = self.discovery.spec_of(model)
+        wanted = model if spec is not None and spec.placement == Placement.DEDICATED else labels.SHARED_POOL
+        return pool == wanted
 
     def limits_for(self, model: str) -> ModelLimits:
         """A model's min/max copies from its spec; models without one get the router's default."""

@@ -185,3 +185,12 @@ async def test_control_loop_brings_a_model_up_to_its_minimum_copies_on_distinct_
     assert len(model_map.ready_copies("a")) == 2
     assert sorted(len(p.loads) for p in pods) == [0, 1, 1]
     assert all(p.loads in ([], ["a"]) for p in pods)
+
+
+async def test_a_pod_of_another_pool_never_gets_a_new_copy():
+    shared, dedicated = FakePod("http://shared", 2000 * MiB, CATALOG), FakePod("http://dedicated", 400 * MiB, CATALOG)
+    router, _, _ = build([shared, dedicated])
+    router.eligible = lambda model, url: url != "http://dedicated"  # best fit alone would pick it
+    await router.sync.refresh_all()
+    await router.forward("b", "POST", "/predict", b"{}", {})
+    assert shared.loads == ["b"] and dedicated.loads == []

@@ -1,0 +1,44 @@
+"""Which pods may receive a new copy: dedicated instance groups hold only their own model."""
+from __future__ import annotations
+
+from modelplane_common.spec import ModelSpec
+from modelplane_router.service import RouterService
+
+
+class PoolsDiscovery:
+    """Discovery with pool labels per URL (what KubeDiscovery reads from pod labels)."""
+
+    def __init__(self, pools: dict[str, str], specs: list[ModelSpec]) -> None:
+        self.pools = pools
+        self._specs = {s.id: s for s in specs}
+
+    def urls(self) -> list[str]:
+        return list(self.pools)
+
+    def node_of(self, url: str) -> str:
+        return ""
+
+    def pool_of(self, url: str) -> str:
+        return self.pools[url]
+
+    def spec_of(self, model: str) -> ModelSpec | None:
+        return self._specs.get(model)
+
+    def specs(self) -> list[ModelSpec]:
+        return list(self._specs.values())
+
+
+def spec(model_id: str, placement: str) -> ModelSpec:
+    return ModelSpec(id=model_id, framework="transformers", source=f"pvc://models/{model_id}", placement=placement)
+
+
+def test_shared_models_stay_in_the_shared_pool_and_dedicated_ones_in_their_group():
+    discovery = PoolsDiscovery(
+        {"http://shared": "shared", "http://big": "big", "http://other": "other", "http://unlabelled": ""},
+        [spec("big", "dedicated"), spec("small", "shared")],
+    )
+    service = RouterService(discovery)  # type: ignore[arg-type]
+    allowed = lambda model: sorted(u for u in discovery.urls() if service.eligible(model, u))  # noqa: E731
+    assert allowed("big") == ["http://big", "http://unlabelled"]
+    assert allowed("small") == ["http://shared", "http://unlabelled"]
+    assert allowed("no-spec") == ["http://shared", "http://unlabelled"]

@@ -66,3 +66,15 @@ async def test_a_request_whose_caller_went_away_still_holds_its_model_until_infe
         assert ballast.UNLOADS["a"] == 1 and manager.loaded_ids() == ["b"]
     finally:
         await manager.close()
+
+
+async def test_a_loaded_model_that_left_the_store_can_still_be_unloaded(tmp_path) -> None:
+    store = ballast.catalog(tmp_path, {"gone": {"size": MiB}})
+    manager = ballast.manager(store, budget=4 * MiB)
+    try:
+        await manager.load("gone")
+        store.remove("gone")  # its ServedModel was deleted
+        assert await manager.unload("gone") is True
+        assert manager.loaded_ids() == [] and ballast.UNLOADS["gone"] == 1
+    finally:
+        await manager.close()

@@ -255,13 +255,16 @@ def repository_entries(manager: ModelManager) -> list[dict[str, str]]:
     views = {view.model_id: view for view in manager.snapshot()}
     failures = manager.failures()
     entries = []
-    for spec in manager.store.list():
-        view = views.get(spec.id)
+    listed = manager.store.list()
+    for spec in listed:
+        view = views.pop(spec.id, None)
         if view is not None:
             state, reason = _INDEX_STATES[view.state], ""
         else:
             state, reason = "UNAVAILABLE", failures.get(spec.id, "unloaded")
         entries.append({"name": spec.id, "version": spec.version, "state": state, "reason": reason})
+    for view in views.values():  # still in memory, but no longer in the store
+        entries.append({"name": view.model_id, "version": "", "state": _INDEX_STATES[view.state], "reason": "not in the model store"})
     return entries
 
 

@@ -228,8 +228,11 @@ class ModelManager:
         await self._acquire(model_id, hold=False)
 
     async def unload(self, model_id: str) -> bool:
-        """Unload `model_id` once its requests finished; False when it was not loaded."""
-        self.store.get(model_id)  # 404 for an unknown id
+        """Unload `model_id` once its requests finished; False when it was not loaded.
+
+        A loaded model that has left the store (its ServedModel was deleted) can still be unloaded."""
+        if model_id not in self._copies:
+            self.store.get(model_id)  # 404 for an unknown id
         if self.is_pinned(model_id):
             raise errors.Conflict(f"model {model_id!r} is pinned on this worker and cannot be unloaded")
         while True:

@@ -76,6 +76,13 @@ class TorchvisionWorker(FrameworkWorker):
         self._device: Any = None
         self._bytes = 0
 
+    @classmethod
+    def prepare(cls) -> None:
+        """Import torch, torchvision and PIL at pod start, not in the first load."""
+        import PIL.Image  # noqa: F401
+        import torch  # noqa: F401
+        import torchvision  # noqa: F401
+
     def load(self) -> None:
         folder = sources.resolve(self.spec.source, self.context.source_roots)
         description = ImageModelDescription.read(folder / DESCRIPTION_FILE)

@@ -39,6 +39,15 @@ class TransformersWorker(FrameworkWorker):
         # Fast tokenizers raise "Already borrowed" when two threads call one at once.
         self._tokenizer_lock = threading.Lock()
 
+    @classmethod
+    def prepare(cls) -> None:
+        """Import torch and transformers' auto classes at pod start (seconds), not in the first load."""
+        import torch  # noqa: F401
+        from transformers import AutoModel, AutoModelForSequenceClassification, AutoTokenizer  # noqa: F401
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.disable_progress_bar()  # a server's log is no terminal
+
     @property
     def task(self) -> Task:
         return Task(self.spec.task)
@@ -50,6 +59,7 @@ class TransformersWorker(FrameworkWorker):
                 f"model {self.spec.id!r}: the transformers worker serves tasks {supported}, not {self.task.value!r}"
             )
         folder = sources.resolve(self.spec.source, self.context.source_roots)
+        self.prepare()
         from transformers import AutoModel, AutoModelForSequenceClassification, AutoTokenizer
 
         self._device = torch_common.torch_device(self.context.device)

@@ -108,6 +108,11 @@ class TritonWorker(FrameworkWorker):
         self._outputs: list[TensorSpec] = []
         self._loaded = False
 
+    @classmethod
+    def prepare(cls) -> None:
+        """Import tritonclient (and gevent) at pod start."""
+        import tritonclient.http  # noqa: F401
+
     @property
     def triton_name(self) -> str:
         """The model's name inside Triton: its modelplane id (folder and config name agree)."""

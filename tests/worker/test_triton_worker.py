@@ -153,3 +153,13 @@ def test_a_sidecar_that_dies_after_the_load_makes_inference_unavailable(
         worker.predict(SETOSA)
     worker.unload()  # an unload with the sidecar gone still cleans up and does not raise
     assert not (tmp_path / "repo" / "iris").exists()
+
+
+def test_concurrent_requests_from_many_threads_all_get_their_own_answer(iris: FrameworkWorker) -> None:
+    """tritonclient's gevent pool is per thread; the worker serves from a thread pool."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    inputs = [SETOSA if i % 2 == 0 else VIRGINICA for i in range(40)]
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        answers = list(pool.map(lambda row: iris.predict(row)["species_probabilities"][0], inputs))
+    assert [max(range(3), key=p.__getitem__) for p in answers] == [0 if i % 2 == 0 else 2 for i in range(40)]

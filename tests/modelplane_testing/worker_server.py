@@ -66,7 +66,7 @@ def ballast_app(
         store, WorkerContext(triton_url=triton_url), budget,
         observer=metrics, preflight=triton.require, create_worker=ballast.create_worker, **manager_options,
     )
-    return api.create_app(manager, metrics, triton, pod_name=pod_name, max_body_bytes=max_body_bytes)
+    return api.create_app(manager, metrics, triton, pod_name=pod_name, max_body_bytes=max_body_bytes, pinned_check_s=0.2)
 
 
 @contextlib.contextmanager

@@ -33,3 +33,15 @@ def test_a_down_sidecar_fails_readiness_and_triton_models_only(tmp_path) -> None
         assert down.status_code == 503 and "not ready" in down.json()["error"]
         status = client.get("/status").json()
         assert status["ready"] is False and status["triton_ready"] is False
+
+
+def test_a_model_pinned_after_start_is_loaded_and_then_the_pod_is_ready_again(tmp_path) -> None:
+    store = ballast.catalog(tmp_path, {"first": {"size": MiB}})
+    app = ballast_app(store, budget=10 * MiB)
+    with serve_in_thread(app) as url, httpx.Client(base_url=url) as client:
+        assert client.get("/v2/health/ready").status_code == 200
+        late = ballast.catalog(tmp_path / "late", {"late": {"size": MiB, "pinned": True}})
+        store.put(late.get("late"))  # the store gained a pinned model (e.g. a new ServedModel)
+        assert client.get("/v2/health/ready").json()["pinned_not_loaded"] == ["late"]
+        wait_until(lambda: client.get("/v2/health/ready").status_code == 200, timeout_s=15, what="the late pinned model")
+        assert "late" in client.get("/models").json()["loaded_models"]

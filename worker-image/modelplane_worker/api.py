@@ -54,6 +54,7 @@ def create_app(
     pod_name: str,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     load_pinned: bool = True,
+    pinned_check_s: float = 5.0,
     prepare: Callable[[], None] | None = None,
 ) -> FastAPI:
     """A worker app around an assembled manager; it owns their lifetime from start-up to shutdown.
@@ -66,7 +67,7 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         preparing = asyncio.create_task(_prepare_then_set(prepare, prepared))
-        pinned = asyncio.create_task(manager.keep_pinned_loaded()) if load_pinned else None
+        pinned = asyncio.create_task(manager.keep_pinned_loaded(pinned_check_s)) if load_pinned else None
         try:
             yield
         finally:

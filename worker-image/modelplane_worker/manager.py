@@ -403,16 +403,18 @@ class ModelManager:
 
     # ----- lifecycle -----------------------------------------------------
 
-    async def keep_pinned_loaded(self, retry_s: float = 5.0, max_retry_s: float = 60.0) -> None:
-        """Load every pinned model, retrying failures with back-off until all are loaded."""
-        delay = retry_s
+    async def load_pinned(self) -> bool:
+        """Load every pinned model not loaded yet; True when all of them are loaded."""
+        missing = [key for key in self.pinned_ids() if not self.is_loaded(key)]
+        results = [await _attempt(self.load(key)) for key in missing]
+        return all(results)
+
+    async def keep_pinned_loaded(self, check_s: float = 5.0, max_retry_s: float = 60.0) -> None:
+        """Forever: load pinned models, also ones the store gains later; back off while loads fail."""
+        delay = check_s
         while True:
-            missing = [key for key in self.pinned_ids() if not self.is_loaded(key)]
-            results = [await _attempt(self.load(key)) for key in missing]
-            if all(results):
-                return
+            delay = check_s if await self.load_pinned() else min(delay * 2, max_retry_s)
             await asyncio.sleep(delay)
-            delay = min(delay * 2, max_retry_s)
 
     async def settled(self) -> None:
         """Wait until no load or unload is in progress (tests, graceful shutdown)."""

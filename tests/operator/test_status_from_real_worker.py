@@ -43,7 +43,8 @@ def test_copies_and_ready_follow_the_worker_and_delete_unloads(cluster: Cluster,
     _stand_in_pod(cluster, "pool-pod-a")
     with worker_process(["--model-store", str(store_file), "--min-residency-s", "0"],
                         env={"MODELPLANE_POD_NAME": "pool-pod-a", "HF_HUB_OFFLINE": "1"}) as url:
-        # The router would do this load; here the test asks the worker directly.
+        # Like the router: never place on a pod before it is ready, then ask it to load.
+        wait_for(lambda: httpx.get(f"{url}/v2/health/ready").status_code == 200, "the worker ready", timeout=60)
         assert httpx.post(f"{url}/v2/repository/models/sentiment/load", timeout=120).status_code == 200
         with running_operator(operator_config(cluster.namespace, worker_port=int(url.rsplit(":", 1)[1]))):
             ready = wait_for(lambda: (c := cluster.condition("sentiment", "Ready")) and c["status"] == "True" and c,

@@ -122,3 +122,10 @@ def test_invalid_model_json_fails_the_load(sample_specs: dict[str, ModelSpec], t
     spec = sample_specs["colors"].model_copy(update={"source": folder.as_uri()})
     with pytest.raises(errors.ModelLoadFailed, match="model.json is not a valid model description"):
         engine.create(spec, WorkerContext()).load()
+
+
+def test_a_decompression_bomb_is_refused_before_decoding(classifier: FrameworkWorker) -> None:
+    bomb = encoded(COLOURS["white"], size=(8000, 8000))  # 64 Mpx, a few hundred KB as PNG
+    assert len(bomb) < 1_000_000
+    with pytest.raises(errors.BadInput, match="8000x8000 pixels exceeds the limit"):
+        classifier.predict(b64(bomb))

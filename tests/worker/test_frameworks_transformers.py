@@ -106,3 +106,22 @@ def test_an_unsupported_task_is_refused_at_load(sample_specs: dict[str, ModelSpe
     spec = sample_specs["sentiment"].model_copy(update={"task": "image-classification"})
     with pytest.raises(errors.ModelLoadFailed, match="text-classification, embedding"):
         engine.create(spec, WorkerContext()).load()
+
+
+def test_a_text_longer_than_the_model_is_truncated_not_an_error(
+        sample_specs: dict[str, ModelSpec], tmp_path: Path) -> None:
+    """A tokenizer saved without model_max_length must not let a long text overrun the positions."""
+    import json
+
+    folder = tmp_path / "no-max-length"
+    shutil.copytree(Path(sample_specs["sentiment"].source.removeprefix("file://")), folder)
+    config_path = folder / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    del config["model_max_length"]
+    config_path.write_text(json.dumps(config))
+    worker = engine.create(sample_specs["sentiment"].model_copy(update={"source": folder.as_uri()}), WorkerContext())
+    worker.load()
+    try:
+        assert worker.predict(["great " * 1000])[0]["label"] == "positive"  # 1000 tokens, 128 positions
+    finally:
+        worker.unload()

@@ -29,6 +29,8 @@ WEIGHTS_FILE = "weights.pt"
 TENSOR_INPUT = "input"
 IMAGE_INPUT = "image"
 PROBABILITIES_OUTPUT = "probabilities"
+# A small compressed file can decode to gigabytes (a "decompression bomb"): refuse before decoding.
+MAX_IMAGE_PIXELS = 40_000_000
 
 
 @dataclass(frozen=True)
@@ -141,7 +143,12 @@ class TorchvisionWorker(FrameworkWorker):
 
         description = self.description
         try:
-            with Image.open(io.BytesIO(encoded)) as image:
+            with Image.open(io.BytesIO(encoded)) as image:  # reads the header only
+                width, height = image.size
+                if width * height > MAX_IMAGE_PIXELS:
+                    raise errors.BadInput(
+                        f"image of {width}x{height} pixels exceeds the limit of {MAX_IMAGE_PIXELS} pixels"
+                    )
                 rgb = image.convert("RGB").resize((description.width, description.height), Image.Resampling.BILINEAR)
         except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as exc:
             raise errors.BadInput(f"cannot decode image ({len(encoded)} bytes): {exc}") from exc

@@ -35,6 +35,7 @@ class TransformersWorker(FrameworkWorker):
         self._labels: list[str] = []
         self._width = 0  # classes or embedding dimensions
         self._bytes = 0
+        self._max_length = 512
         self._device: Any = None
         # Fast tokenizers raise "Already borrowed" when two threads call one at once.
         self._tokenizer_lock = threading.Lock()
@@ -77,6 +78,9 @@ class TransformersWorker(FrameworkWorker):
             ) from exc
         model = model.to(self._device).eval()
         self._tokenizer, self._model = tokenizer, model
+        # Tokenizers saved without a model_max_length report a huge one: cap at the model's positions.
+        positions = getattr(model.config, "max_position_embeddings", None) or 512
+        self._max_length = min(int(getattr(tokenizer, "model_max_length", positions) or positions), int(positions))
         if self.task == Task.TEXT_CLASSIFICATION:
             id2label = model.config.id2label or {}
             self._width = int(model.config.num_labels)
@@ -96,7 +100,8 @@ class TransformersWorker(FrameworkWorker):
         import torch
 
         with self._tokenizer_lock:
-            batch = self._tokenizer(texts, padding=True, truncation=True, return_tensors="pt")
+            batch = self._tokenizer(texts, padding=True, truncation=True, max_length=self._max_length,
+                                    return_tensors="pt")
         batch = {name: tensor.to(self._device) for name, tensor in batch.items()}
         with torch.inference_mode():
             if self.task == Task.TEXT_CLASSIFICATION:

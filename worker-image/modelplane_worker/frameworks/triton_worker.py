@@ -168,6 +168,8 @@ class TritonWorker(FrameworkWorker):
         staging = repository / f"{STAGING_PREFIX}{self.triton_name}-{uuid.uuid4().hex[:8]}"
         try:
             repository.mkdir(parents=True, exist_ok=True)
+            for leftover in repository.glob(f"{STAGING_PREFIX}{self.triton_name}-*"):
+                shutil.rmtree(leftover, ignore_errors=True)  # from a worker that died mid-copy
             shutil.copytree(source, staging, symlinks=False)
             self._rename_in_config(staging / CONFIG_FILE)
             if self.staged_folder.exists():

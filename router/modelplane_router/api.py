@@ -20,7 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from modelplane_common import errors
 from modelplane_common.http import install_error_handler
 from modelplane_common.wire import CopyState
-from modelplane_router.inference_asgi import InferenceRoutes
+from modelplane_router.inference_asgi import InferenceRoutes, metric_label
 from modelplane_router.service import RouterService
 from modelplane_router.upstream import PASSED_RESPONSE_HEADERS, UpstreamResponse
 
@@ -89,8 +89,9 @@ def create_app(service: RouterService, admin_token: str | None = None, max_body_
             code = str(exc.status_code)
             raise
         finally:
-            metrics.requests.labels(name, code).inc()
-            metrics.latency.labels(name).observe(time.perf_counter() - started)
+            label = metric_label(router, name)
+            metrics.requests.labels(label, code).inc()
+            metrics.latency.labels(label).observe(time.perf_counter() - started)
 
     @app.get("/v2/models/{name}/ready")
     @app.get("/v2/models/{name}/versions/{version}/ready")

@@ -27,6 +27,7 @@ Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
+UNKNOWN_MODEL_LABEL = "_unknown"
 INFER_PATH = re.compile(r"^/v2/models/(?P<name>[^/]+)(?:/versions/[^/]+)?/infer$")
 
 
@@ -56,6 +57,11 @@ async def read_body(receive: Receive, headers: Mapping[str, str], limit_bytes: i
         chunks.append(chunk)
         if not message.get("more_body", False):
             return b"".join(chunks)
+
+
+def metric_label(router: Router, model: str) -> str:
+    """The model's name, or one shared label for names no worker knows (clients must not mint series)."""
+    return model if router.model_map.is_known(model) else UNKNOWN_MODEL_LABEL
 
 
 async def respond(send: Send, status: int, body: bytes, headers: Mapping[str, str]) -> None:
@@ -104,5 +110,6 @@ class InferenceRoutes:
             await respond(send, code, payload, {"content-type": "application/json", **exc.headers})
         finally:
             if model is not None:
-                self.metrics.requests.labels(model, str(code)).inc()
-                self.metrics.latency.labels(model).observe(time.perf_counter() - started)
+                label = metric_label(self.router, model)
+                self.metrics.requests.labels(label, str(code)).inc()
+                self.metrics.latency.labels(label).observe(time.perf_counter() - started)

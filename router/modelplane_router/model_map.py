@@ -52,6 +52,7 @@ class ModelMap:
         self._reserved: dict[tuple[str, str], int] = {}  # (url, model) -> bytes of a load the router started
         self._suspect: set[tuple[str, str]] = set()  # (url, model) copies that just failed a request
         self._inflight: dict[tuple[str, str], int] = {}
+        self._known: set[str] | None = None  # cache of known_models(), dropped on every pod change
 
     # --- updates -----------------------------------------------------------------
 
@@ -72,6 +73,7 @@ class ModelMap:
             copies=copies,
             catalog=catalog,
         )
+        self._known = None
         # A fresh report supersedes the router's own guesses about this pod.
         self._suspect = {key for key in self._suspect if key[0] != url}
         for key in [k for k in self._reserved if k[0] == url and k[1] in copies]:
@@ -80,6 +82,7 @@ class ModelMap:
     def remove_pod(self, url: str) -> None:
         """Forget a pod at once (it stopped answering or left the cluster)."""
         self._pods.pop(url, None)
+        self._known = None
         self._suspect = {key for key in self._suspect if key[0] != url}
         for key in [k for k in self._reserved if k[0] == url]:
             del self._reserved[key]
@@ -162,10 +165,17 @@ class ModelMap:
 
     def known_models(self) -> set[str]:
         """Every model some pod can load or holds."""
-        names: set[str] = set()
-        for pod in self._pods.values():
-            names |= set(pod.catalog) | set(pod.copies)
-        return names
+        if self._known is None:
+            names: set[str] = set()
+            for pod in self._pods.values():
+                names |= set(pod.catalog) | set(pod.copies)
+            self._known = names
+        return set(self._known)
+
+    def is_known(self, model: str) -> bool:
+        if self._known is None:
+            self.known_models()
+        return model in self._known  # type: ignore[operator]
 
     def estimated_bytes(self, model: str, fallback: int = 0) -> int:
         """Measured size of an existing copy if any (measured wins), else the catalog estimate."""

@@ -69,7 +69,7 @@ class Router:
         return a if self.model_map.inflight(a, model) <= self.model_map.inflight(b, model) else b
 
     def check_known(self, model: str) -> None:
-        if model not in self.model_map.known_models():
+        if not self.model_map.is_known(model):
             if not self.model_map.pods():
                 raise errors.BackendUnavailable("no worker pod is reachable", self.retry_after_s)
             raise errors.ModelNotFound(f"model {model!r} is not served by any worker")
@@ -87,6 +87,11 @@ class Router:
             future.add_done_callback(lambda f, m=model: self._loads.pop(m, None) if self._loads.get(m) is f else None)
         await asyncio.shield(future)
         urls = self.model_map.ready_copies(model)
+        if not urls:
+            # A status poll that started before the load finished can land after it and
+            # overwrite the loaded copy with its stale view: ask the pods once more.
+            await self.sync.refresh_all()
+            urls = self.model_map.ready_copies(model)
         if not urls:
             raise errors.BackendUnavailable(f"model {model!r} was loaded but no ready copy is reachable", self.retry_after_s)
         return urls

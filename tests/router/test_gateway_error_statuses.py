@@ -88,3 +88,18 @@ def test_no_reachable_worker_is_503(module_procs):
     response = httpx.post(f"{router.url}/predict", json={"model_id": "ok", "input_data": [1]})
     assert response.status_code == 503 and "no worker" in response.json()["error"]
     assert "retry-after" in response.headers
+
+
+def test_router_metrics_count_requests_by_model_and_code(stack):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    _, router = stack  # a router no other test sent requests to
+    for _ in range(3):
+        assert httpx.post(f"{router.url}/predict", json={"model_id": "ok", "input_data": "bad"}).status_code == 400
+    for name in ("made-up-1", "made-up-2"):
+        assert httpx.post(f"{router.url}/predict", json={"model_id": name, "input_data": [1]}).status_code == 404
+    samples = [s for f in text_string_to_metric_families(httpx.get(f"{router.url}/metrics").text) for s in f.samples]
+    counts = {(s.labels["model"], s.labels["code"]): s.value for s in samples if s.name == "modelplane_router_requests_total"}
+    # names no worker knows share one label, so clients cannot create unbounded series
+    assert counts == {("ok", "400"): 3, ("_unknown", "404"): 2}
+    assert any(s.name == "modelplane_router_request_seconds_count" and s.labels.get("model") == "ok" for s in samples)

@@ -150,8 +150,8 @@ class Router:
 
     async def forward(self, model: str, method: str, path: str, body: bytes, headers: Mapping[str, str]) -> UpstreamResponse:
         """Send a request for `model` to a ready copy, retrying once elsewhere on failure."""
-        self.policy.record_request(model)
         urls = await self.ready_copies(model)
+        self.policy.record_request(model)  # only known models: unknown names must not grow the policy's table
         first = self.choose_copy(model, urls)
         response = await self._try(first, model, method, path, body, headers)
         if response is not None and response.status_code < 500:

@@ -93,11 +93,12 @@ def _refresh_status(kube_api: kube.Kube, spec: ModelSpec, body: kopf.Body, patch
     """Copies, readyReplicas and Ready from the worker pods' own reports."""
     pods = kube_api.worker_pods(body["metadata"]["namespace"], labels.WORKER_SELECTOR)
     copies = status.copies_of(spec.id, workers.fetch_reports(pods, config.worker_port))
-    ready, reason, message = status.readiness(spec, copies)
+    problems = [f"pod {p.name}: {p.problem}" for p in pods if p.pool == spec.id and p.problem]
+    ready, reason, message = status.readiness(spec, copies, problems)
     ready_count = sum(1 for c in copies if c["state"] == "READY")
     _write_status(body, patch, {"copies": copies, "readyReplicas": ready_count})
-    if _set_condition(body, patch, conditions.READY, ready, reason, message) and reason == "LoadFailed":
-        kopf.warn(body, reason="LoadFailed", message=message)
+    if _set_condition(body, patch, conditions.READY, ready, reason, message) and reason in ("LoadFailed", "PodsFailing"):
+        kopf.warn(body, reason=reason, message=message)
 
 
 def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:

@@ -13,7 +13,7 @@ from typing import Any
 from kubernetes import client, config as kube_config
 from kubernetes.client.exceptions import ApiException
 
-from modelplane_common import spec as spec_module
+from modelplane_common import labels, spec as spec_module
 
 FIELD_MANAGER = "modelplane-operator"
 
@@ -24,6 +24,30 @@ class WorkerPod:
     ip: str
     phase: str
     ready: bool
+    pool: str = ""
+    problem: str = ""  # why a container is not running, as the kubelet reports it
+
+
+def _problem(pod: Any) -> str:
+    """The first container that is waiting or restarting, with the kubelet's reason."""
+    for status in (pod.status.container_statuses if pod.status else None) or []:
+        waiting = status.state.waiting if status.state else None
+        last = status.last_state.terminated if status.last_state else None
+        if waiting and waiting.reason not in (None, "ContainerCreating", "PodInitializing"):
+            detail = f": {last.reason} (exit {last.exit_code})" if last else ""
+            return f"container {status.name} {waiting.reason}{detail}, {status.restart_count} restart(s)"
+        if not status.ready and status.restart_count and last:
+            return f"container {status.name} restarted {status.restart_count} time(s), last: {last.reason} (exit {last.exit_code})"
+    return ""
+
+
+def _to_worker_pod(pod: Any) -> WorkerPod:
+    status = pod.status
+    conditions = (status.conditions if status else None) or []
+    return WorkerPod(
+        name=pod.metadata.name, ip=(status.pod_ip or "") if status else "", phase=(status.phase or "") if status else "",
+        ready=any(c.type == "Ready" and c.status == "True" for c in conditions),
+        pool=(pod.metadata.labels or {}).get(labels.POOL, ""), problem=_problem(pod))
 
 
 def connect() -> client.ApiClient:
@@ -82,8 +106,4 @@ class Kube:
 
     def worker_pods(self, namespace: str, selector: str) -> list[WorkerPod]:
         pods = self._core.list_namespaced_pod(namespace, label_selector=selector).items
-        return [WorkerPod(name=p.metadata.name, ip=(p.status.pod_ip or "") if p.status else "",
-                          phase=(p.status.phase or "") if p.status else "",
-                          ready=any(c.type == "Ready" and c.status == "True"
-                                    for c in ((p.status.conditions if p.status else None) or [])))
-                for p in pods if p.metadata.deletion_timestamp is None]
+        return [_to_worker_pod(p) for p in pods if p.metadata.deletion_timestamp is None]

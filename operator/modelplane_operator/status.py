@@ -5,7 +5,7 @@ result only when it differs from what the object already says.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from modelplane_common.spec import ModelSpec
 from modelplane_common.wire import CopyState, WorkerStatus
@@ -25,8 +25,14 @@ def copies_of(model: str, reports: Mapping[str, WorkerStatus]) -> list[dict[str,
     return copies
 
 
-def readiness(spec: ModelSpec, copies: list[dict[str, Any]]) -> tuple[bool, str, str]:
-    """(Ready, reason, message): ready when min copies are loaded; a failed load says why."""
+def readiness(spec: ModelSpec, copies: list[dict[str, Any]],
+              pod_problems: Sequence[str] = ()) -> tuple[bool, str, str]:
+    """(Ready, reason, message): ready when min copies are loaded; a failed load says why.
+
+    `pod_problems` are the kubelet's reasons why pods that must hold this model
+    (its dedicated group) are not running, e.g. a pinned load failing the startup
+    probe until the container restarts in CrashLoopBackOff.
+    """
     ready = sum(1 for c in copies if c["state"] == CopyState.READY.value)
     required = spec.replicas.min
     failed = [c for c in copies if c["state"] == CopyState.FAILED.value]
@@ -35,6 +41,8 @@ def readiness(spec: ModelSpec, copies: list[dict[str, Any]]) -> tuple[bool, str,
     if failed:
         first = failed[0]
         return False, "LoadFailed", f"load on pod {first['pod']} failed: {first.get('reason') or 'no reason given'}"
+    if pod_problems:
+        return False, "PodsFailing", f"{ready} of {required} required copies ready; {pod_problems[0]}"
     if required == 0:
         return True, "LoadOnDemand", "no copies required; the router loads the model on its first request"
     return False, "WaitingForCopies", f"{ready} of {required} required copies ready"

@@ -2,6 +2,8 @@
 updates, and on delete its finalizer completes and its children go."""
 from __future__ import annotations
 
+import json
+
 from modelplane_testing.operator_harness import Cluster, served_model, wait_for
 
 
@@ -63,3 +65,21 @@ def test_spec_update_reaches_the_deployment_and_delete_removes_it(cluster: Clust
     cluster.kubectl("delete", "servedmodel", "ranker", "--timeout=30s")
     assert cluster.get("servedmodel", "ranker") is None
     wait_for(lambda: cluster.get("deployment", "ranker-dedicated") is None, "garbage collection of the Deployment")
+
+
+def test_a_crash_looping_dedicated_pod_shows_in_ready(cluster: Cluster, operator) -> None:
+    cluster.apply(served_model("fragile", placement="dedicated", replicas={"min": 1, "max": 1}))
+    [pod] = wait_for(lambda: cluster.items("pods", "modelplane.io/pool=fragile"), "the dedicated pod")
+    # What a kubelet reports when the pinned model's load keeps failing the startup probe.
+    crash = {"status": {"phase": "Running", "containerStatuses": [{
+        "name": "modelplane-worker", "ready": False, "restartCount": 3, "image": "worker:test", "imageID": "",
+        "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 40s restarting failed container"}},
+        "lastState": {"terminated": {"reason": "Error", "exitCode": 1}}}]}}
+    cluster.kubectl("patch", "pod", pod["metadata"]["name"], "--subresource=status", "--type=merge",
+                    "-p", json.dumps(crash))
+
+    ready = wait_for(lambda: (c := cluster.condition("fragile", "Ready")) and c["reason"] == "PodsFailing" and c,
+                     "Ready=False with PodsFailing")
+    assert ready["status"] == "False"
+    assert pod["metadata"]["name"] in ready["message"] and "CrashLoopBackOff" in ready["message"]
+    wait_for(lambda: "PodsFailing" in {e["reason"] for e in cluster.events("fragile")}, "a warning event")

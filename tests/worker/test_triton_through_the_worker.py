@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tritonclient.http as triton_http
 
-from modelplane_testing.worker_server import worker_process
+from modelplane_testing.worker_server import wait_until, worker_process
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +25,8 @@ def triton_index(tritonserver) -> dict[str, str]:
 
 
 def test_load_infer_unload_and_every_view_agrees(worker, tritonserver) -> None:
-    assert worker.get("/v2/health/ready").status_code == 200  # the sidecar is ready, nothing is pinned
+    # Ready once the sidecar is ready and the store's frameworks are imported (nothing is pinned).
+    wait_until(lambda: worker.get("/v2/health/ready").status_code == 200, timeout_s=60, what="worker readiness")
     assert worker.post("/v2/repository/models/iris/load").status_code == 200
     assert triton_index(tritonserver).get("iris") == "READY"  # really loaded in Triton
     assert "iris" in worker.get("/models").json()["loaded_models"]

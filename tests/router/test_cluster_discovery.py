@@ -129,12 +129,13 @@ def free_port_on(*hosts: str) -> int:
     raise RuntimeError(f"no common free port on {hosts}")
 
 
-def test_router_in_cluster_mode_serves_through_discovered_pods(cluster, kube, procs, tmp_path):
-    """Real apiserver + real worker processes on two loopback 'pod IPs' + `modelplane-router --cluster`."""
+@pytest.fixture
+def pod_workers(kube, procs, tmp_path):
+    """Two real worker processes on loopback 'pod IPs' (same port), with Pod objects a 'kubelet' marked Ready."""
     from kubernetes import client
 
     core = client.CoreV1Api(kube)
-    store = write_ballast_store(tmp_path, {"m": {"mib": 4, "max": 2}})
+    store = write_ballast_store(tmp_path, {"m": {"mib": 4, "max": 2}, "pre": {"mib": 4}})
     ips = ["127.0.0.21", "127.0.0.22"]
     port = free_port_on(*ips)
     workers = []
@@ -150,21 +151,7 @@ def test_router_in_cluster_mode_serves_through_discovered_pods(cluster, kube, pr
         for name, ip, node in zip(names, ips, ("node-1", "node-2")):
             make_pod(core, name, node)
             set_ready(core, name, ip, True)
-        router = procs.router([], args=["--cluster", "--kubeconfig", str(cluster.kubeconfig), "--namespace", "default",
-                                        "--worker-selector", SELECTOR, "--worker-port", str(port)], urls=["unused"])
-        response = httpx.post(f"{router.url}/predict", json={"model_id": "m", "input_data": [3]}, timeout=60)
-        assert response.status_code == 200, response.text
-        assert response.json()["predictions"]["scaled"] == [6.0]
-        (holder,) = copies(router.url, "m")
-        pods = {p["pod"]: p for p in httpx.get(f"{router.url}/router/pods", timeout=10).json()}
-        assert set(pods) == {"worker-1", "worker-2"}
-        assert {p["node"] for p in pods.values()} == {"node-1", "node-2"}
-        # the holder's pod object goes away: the router stops using it and places the model on the other pod
-        gone = names[int(holder[-1]) - 1]
-        core.delete_namespaced_pod(gone, "default", grace_period_seconds=0)
-        wait_for(lambda: holder not in {p["pod"] for p in httpx.get(f"{router.url}/router/pods", timeout=10).json()}, "the deleted pod to leave the map")
-        assert httpx.post(f"{router.url}/predict", json={"model_id": "m", "input_data": [1]}, timeout=60).status_code == 200
-        assert copies(router.url, "m") == [next(n for n in ("worker-1", "worker-2") if n != holder)]
+        yield core, port, names
     finally:
         for name in names:
             try:
@@ -172,3 +159,48 @@ def test_router_in_cluster_mode_serves_through_discovered_pods(cluster, kube, pr
             except client.ApiException:
                 pass
 
+
+def cluster_router(procs, cluster, port: int):
+    return procs.router([], args=["--cluster", "--kubeconfig", str(cluster.kubeconfig), "--namespace", "default",
+                                  "--worker-selector", SELECTOR, "--worker-port", str(port)], urls=["unused"])
+
+
+def router_pods(router_url: str) -> dict[str, dict]:
+    return {p["pod"]: p for p in httpx.get(f"{router_url}/router/pods", timeout=10).json()}
+
+
+def test_router_in_cluster_mode_serves_through_discovered_pods(cluster, pod_workers, procs):
+    """Real apiserver + real worker processes + `modelplane-router --cluster`."""
+    core, port, names = pod_workers
+    router = cluster_router(procs, cluster, port)
+    response = httpx.post(f"{router.url}/predict", json={"model_id": "m", "input_data": [3]}, timeout=60)
+    assert response.status_code == 200, response.text
+    assert response.json()["predictions"]["scaled"] == [6.0]
+    (holder,) = copies(router.url, "m")
+    pods = router_pods(router.url)
+    assert set(pods) == {"worker-1", "worker-2"}
+    assert {p["node"] for p in pods.values()} == {"node-1", "node-2"}
+    # the holder's pod object goes away: the router stops using it and places the model on the other pod
+    core.delete_namespaced_pod(names[int(holder[-1]) - 1], "default", grace_period_seconds=0)
+    wait_for(lambda: holder not in router_pods(router.url), "the deleted pod to leave the map")
+    assert httpx.post(f"{router.url}/predict", json={"model_id": "m", "input_data": [1]}, timeout=60).status_code == 200
+    assert copies(router.url, "m") == [next(n for n in ("worker-1", "worker-2") if n != holder)]
+
+
+def test_served_model_min_replicas_are_loaded_before_any_request(cluster, kube, served_model_crd, pod_workers, procs):
+    from kubernetes import client
+
+    _, port, _ = pod_workers
+    custom = client.CustomObjectsApi(kube)
+    body = {
+        "apiVersion": "modelplane.io/v1alpha1", "kind": "ServedModel", "metadata": {"name": "pre"},
+        "spec": {"framework": "torchvision", "task": "tensor", "source": {"uri": "pvc://models/pre"},
+                 "memory": "4Mi", "replicas": {"min": 2, "max": 2}},
+    }
+    custom.create_namespaced_custom_object("modelplane.io", "v1alpha1", "default", "servedmodels", body)
+    try:
+        router = cluster_router(procs, cluster, port)
+        wait_for(lambda: copies(router.url, "pre") == ["worker-1", "worker-2"], "two pre-loaded copies of 'pre'", 30)
+        assert copies(router.url, "m") == []  # min 0: loaded on demand only
+    finally:
+        custom.delete_namespaced_custom_object("modelplane.io", "v1alpha1", "default", "servedmodels", "pre")

@@ -253,7 +253,7 @@ class Router:
     async def _remove_copy(self, model: str, ready: list[str]) -> None:
         candidates = [
             (self.model_map.inflight(u, model), u) for u in ready
-            if (pod := self.model_map.pod(u)) and not pod.copies[model].pinned
+            if (pod := self.model_map.pod(u)) and (copy := pod.copies.get(model)) and not copy.pinned
         ]
         if len(ready) < 2 or not candidates:
             return

@@ -1,5 +1,5 @@
 # The README's two commands are `make run` and `make test`; both install first.
-.PHONY: install install-k8s run test e2e bench clean
+.PHONY: install install-k8s run test e2e e2e-kind bench clean
 
 install:
 	scripts/install.sh
@@ -13,8 +13,13 @@ run: install
 test: install install-k8s
 	.venv/bin/pytest -q tests
 
+# The local e2e tier: real control plane + node agent, the chart, the scenarios (docs/e2e.md).
 e2e: install install-k8s
-	.venv/bin/pytest -q e2e/local
+	.venv/bin/pytest -q e2e/local -rs
+
+# The kind e2e tier for Docker hosts; skips with a clear message elsewhere (e2e/kind/README.md).
+e2e-kind: install install-k8s
+	.venv/bin/pytest -q e2e/kind -rs
 
 bench: install
 	.venv/bin/python benchmarks/run_all.py

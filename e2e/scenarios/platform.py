@@ -100,11 +100,11 @@ def sample(name: str) -> dict[str, Any]:
 
 
 # Router settings the chart does not expose, tuned so the scenarios run in seconds:
-# a short churn guard (the LRU scenario evicts models loaded moments before),
+# no churn guard (the LRU scenario evicts models loaded moments before),
 # a low replication threshold (the hot-model scenario's load comes from one
 # test process) and idle copies kept for the whole run.
 ROUTER_TUNING = {
-    "MODELPLANE_ROUTER_CHURN_GUARD_SECONDS": "1",
+    "MODELPLANE_ROUTER_CHURN_GUARD_SECONDS": "0",
     "MODELPLANE_ROUTER_REPLICATE_RPS": "2",
     "MODELPLANE_ROUTER_REPLICATE_INFLIGHT": "1",
     "MODELPLANE_ROUTER_REPLICATE_WINDOW": "3",

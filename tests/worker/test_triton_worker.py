@@ -57,6 +57,9 @@ def test_load_infer_unload_with_names_from_the_models_metadata(
         assert [(t.name, t.datatype, t.shape) for t in worker.inputs()] == [("measurements", "FP32", [-1, 4])]
         assert [(t.name, t.datatype, t.shape) for t in worker.outputs()] == [("species_probabilities", "FP32", [-1, 3])]
         assert repository_index(tritonserver)["iris"]["state"] == "READY"
+        # Its stub process is visible here, so the size is measured, not the spec's 64 MiB estimate.
+        assert 5 * 2**20 < worker.measured_bytes() < 1024 * 2**20
+        assert worker.measured_bytes() != sample_specs["iris"].memory_bytes
         outputs = worker.infer({"measurements": np.array([SETOSA, VIRGINICA], dtype=np.float32)}, {})
         probabilities = outputs["species_probabilities"]
         assert probabilities.shape == (2, 3) and np.allclose(probabilities.sum(axis=1), 1.0, atol=1e-5)

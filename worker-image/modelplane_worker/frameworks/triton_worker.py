@@ -6,9 +6,12 @@ model) and asks Triton to load it in explicit mode. Tensor names, datatypes
 and shapes come from the model's own metadata, never from constants here.
 Unload is explicit: Triton unloads, then the staged folder goes.
 
-Memory: the model runs in Triton's processes, not ours, and in a pod the
-sidecar is another container whose pids we cannot see, so ``measured_bytes``
-reports the spec's estimate (or ``DEFAULT_ESTIMATE_BYTES`` when it has none).
+Memory: the model runs in Triton's processes, not ours. A Python-backend
+model instance is its own stub process whose command line names the staged
+``model.py``; when those processes are visible (same host, or a pod with
+``shareProcessNamespace``), ``measured_bytes`` is their resident memory.
+Otherwise (another container's pid namespace, other backends) it is the
+spec's estimate, or ``DEFAULT_ESTIMATE_BYTES`` when the spec has none.
 """
 from __future__ import annotations
 
@@ -107,6 +110,7 @@ class TritonWorker(FrameworkWorker):
         self._inputs: list[TensorSpec] = []
         self._outputs: list[TensorSpec] = []
         self._loaded = False
+        self._measured: int | None = None
 
     @classmethod
     def prepare(cls) -> None:
@@ -161,6 +165,7 @@ class TritonWorker(FrameworkWorker):
             self.unload()
             raise
         self._loaded = True
+        self._measured = None
 
     def _stage(self, source: Path) -> None:
         """Copy `source` into the repository as <id>, atomically (temp name, then rename)."""
@@ -213,7 +218,9 @@ class TritonWorker(FrameworkWorker):
         shutil.rmtree(self.staged_folder, ignore_errors=True)
 
     def measured_bytes(self) -> int:
-        return self.spec.memory_bytes or DEFAULT_ESTIMATE_BYTES
+        if self._measured is None:
+            self._measured = python_stub_rss_bytes(self.staged_folder) if self._loaded else 0
+        return self._measured or self.spec.memory_bytes or DEFAULT_ESTIMATE_BYTES
 
     def is_ready(self) -> bool:
         if not self._loaded:
@@ -309,6 +316,21 @@ def check_python_backend_files(folder: Path, model_id: str) -> None:
     for version in versions:
         if not (version / filename).is_file():
             raise errors.ModelLoadFailed(f"model {model_id!r}: Python-backend model file {version / filename} is missing")
+
+
+def python_stub_rss_bytes(staged_folder: Path) -> int:
+    """Resident bytes of the Python-backend stubs running this model; 0 when none is visible."""
+    import psutil
+
+    prefix = f"{staged_folder}/"
+    total = 0
+    for process in psutil.process_iter(["cmdline", "memory_info"]):
+        command = process.info.get("cmdline") or []
+        memory_info = process.info.get("memory_info")
+        if (len(command) > 1 and command[0].endswith("triton_python_backend_stub")
+                and command[1].startswith(prefix) and memory_info is not None):
+            total += memory_info.rss
+    return total
 
 
 def _tensor_spec(raw: dict[str, Any]) -> TensorSpec:

@@ -4,8 +4,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import httpx
 import pytest
 
+from modelplane_testing.worker_server import serve_in_thread, wait_until
 from modelplane_worker import main
 
 
@@ -56,9 +58,12 @@ def test_bad_options_exit_with_a_message_naming_them(argv, message, capsys) -> N
     assert message in capsys.readouterr().err
 
 
-def test_a_pinned_model_missing_from_the_store_is_refused_at_start(tmp_path) -> None:
+def test_a_pinned_model_missing_from_the_store_keeps_the_pod_unready_naming_it(tmp_path) -> None:
     store = tmp_path / "models.json"
     store.write_text(json.dumps({"models": [{"id": "a", "framework": "triton", "source": "file:///m"}]}))
-    settings = main.parse_settings(["--model-store", str(store), "--memory-budget", "1Gi", "--pinned", "a,ghost"], {})
-    with pytest.raises(ValueError, match="ghost"):
-        main.build_app(settings)
+    settings = main.parse_settings(["--model-store", str(store), "--memory-budget", "1Gi", "--pinned", "ghost"], {})
+    with serve_in_thread(main.build_app(settings)) as url:
+        wait_until(lambda: httpx.get(f"{url}/v2/health/ready").json()["prepared"], what="start-up preparation")
+        ready = httpx.get(f"{url}/v2/health/ready")
+        assert ready.status_code == 503 and ready.json()["pinned_not_loaded"] == ["ghost"]
+        assert httpx.get(f"{url}/v2/health/live").status_code == 200

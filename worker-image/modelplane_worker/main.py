@@ -148,8 +148,8 @@ def build_app(settings: Settings, store: ModelStore | None = None) -> FastAPI:
     """The whole worker: store, metrics, Triton probe, manager and API, wired together."""
     store = store or JsonModelStore(settings.model_store)
     unknown = [key for key in settings.pinned if key not in store.ids()]
-    if unknown:
-        raise ValueError(f"pinned models not in the model store {settings.model_store}: {', '.join(unknown)}")
+    if unknown:  # a mounted store may lag behind the pod spec: not ready until they appear and load
+        log.warning("pinned models not in the model store %s (yet): %s", settings.model_store, ", ".join(unknown))
     device_name = device()
     budget = settings.memory_budget or default_memory_budget(device_name)
     context = WorkerContext(

@@ -75,3 +75,14 @@ def test_release_returns_freed_heap_to_the_os() -> None:
     assert grown >= 150 * MiB
     assert returned >= 0.7 * grown, f"{returned / MiB:.0f} of {grown / MiB:.0f} MiB came back"
     del keep
+
+
+def test_module_bytes_counts_parameters_and_buffers_once_each() -> None:
+    import torch
+
+    model = torch.nn.Sequential(torch.nn.Embedding(1000, 64), torch.nn.Linear(64, 1000, bias=False),
+                                torch.nn.BatchNorm1d(1000))
+    model[1].weight = model[0].weight  # tied, as language models tie input and output embeddings
+    embedding = 1000 * 64 * 4
+    batch_norm = (1000 * 2) * 4 + (1000 * 2) * 4 + 8  # weight, bias; running mean, var; num_batches_tracked
+    assert memory.module_bytes(model) == embedding + batch_norm

@@ -124,6 +124,7 @@ def test_a_triton_model_without_a_sidecar_is_503_and_others_keep_working(worker)
     assert "Retry-After" in response.headers
     assert worker.post("/predict", json={"model_id": "a", "input_data": [1]}).status_code == 200
     assert worker.get("/v2/health/ready").status_code == 200  # no sidecar configured: readiness does not wait for one
+    assert worker.get("/status").json()["triton_ready"] is False  # ...but triton models cannot run here
 
 
 def test_unloading_a_pinned_model_is_409(worker) -> None:

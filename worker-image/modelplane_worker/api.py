@@ -92,9 +92,11 @@ def create_app(
     prepared = asyncio.Event()
 
     async def readiness() -> dict[str, Any]:
-        triton_ready = await triton.pod_ready()
+        # triton_ready: this pod has a sidecar and it is ready (triton models can run here);
+        # a pod without a sidecar does not wait for one to be ready.
+        triton_ready = await triton.ready()
         missing = [key for key in manager.pinned_ids() if not manager.is_loaded(key)]
-        ready = triton_ready and not missing and prepared.is_set()
+        ready = (triton_ready or not triton.configured) and not missing and prepared.is_set()
         return {"ready": ready, "triton_ready": triton_ready, "pinned_not_loaded": missing, "prepared": prepared.is_set()}
 
     # ----- seed API ------------------------------------------------------

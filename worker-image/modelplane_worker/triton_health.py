@@ -51,10 +51,6 @@ class TritonHealth:
         self._checked_at = time.monotonic()
         return self._ready
 
-    async def pod_ready(self) -> bool:
-        """The sidecar's part of pod readiness: ready, or not part of this pod at all."""
-        return not self.configured or await self.ready()
-
     async def require(self, spec: ModelSpec) -> None:
         """Raise 503 for a triton model when the sidecar is missing or down; others pass."""
         if spec.framework is not Framework.TRITON:

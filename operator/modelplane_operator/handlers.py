@@ -174,7 +174,7 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
 def _unload_everywhere(kube_api: kube.Kube, spec: ModelSpec, body: kopf.Body, config: OperatorConfig,
                        logger: logging.Logger) -> None:
     """Unload the model from every shared pod that holds it; dedicated pods go with their Deployment."""
-    pods = [p for p in kube_api.worker_pods(body["metadata"]["namespace"], labels.WORKER_SELECTOR)]
+    pods = [p for p in kube_api.worker_pods(body["metadata"]["namespace"], labels.WORKER_SELECTOR) if p.pool != spec.id]
     reports = workers.fetch_reports(pods, config.worker_port)
     holders = [p for p in pods if p.name in reports and any(c.id == spec.id for c in reports[p.name].models)]
     for pod in holders:

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conftest import BALLAST_LAUNCHER, copies, local_stack, wait_for, write_ballast_store
+from gateway_helpers import BALLAST_LAUNCHER, copies, local_stack, wait_for, write_ballast_store
 
 pytestmark = [pytest.mark.kube, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]

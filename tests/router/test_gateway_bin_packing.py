@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import httpx
 
-from conftest import worker_models, write_ballast_store
+from gateway_helpers import worker_models, write_ballast_store
 
 
 def predict(router_url: str, model: str) -> None:

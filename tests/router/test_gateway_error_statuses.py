@@ -4,7 +4,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from conftest import copies, write_ballast_store
+from gateway_helpers import copies, write_ballast_store
 
 TOKEN = "s3cret-admin-token"
 

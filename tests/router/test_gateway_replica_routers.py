@@ -11,7 +11,7 @@ import asyncio
 
 import httpx
 
-from conftest import copies, loads, wait_for, write_ballast_store
+from gateway_helpers import copies, loads, wait_for, write_ballast_store
 
 
 def test_two_routers_asked_for_the_same_cold_model_at_once_load_it_once(procs, tmp_path):

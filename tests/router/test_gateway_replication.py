@@ -5,7 +5,7 @@ import threading
 
 import httpx
 
-from conftest import copies, wait_for, worker_metric, write_ballast_store
+from gateway_helpers import copies, wait_for, worker_metric, write_ballast_store
 
 
 def served(url: str, model: str) -> float:

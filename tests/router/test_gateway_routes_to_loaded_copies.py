@@ -5,7 +5,7 @@ import asyncio
 
 import httpx
 
-from conftest import copies, loads, worker_models, write_ballast_store
+from gateway_helpers import copies, loads, worker_models, write_ballast_store
 
 
 def test_model_loaded_on_pod_two_is_routed_there_not_loaded_on_pod_one(procs, tmp_path):

@@ -6,7 +6,7 @@ import pytest
 import tritonclient.http as triton_http
 from tritonclient.utils import InferenceServerException
 
-from conftest import copies, write_ballast_store
+from gateway_helpers import copies, write_ballast_store
 
 
 @pytest.fixture

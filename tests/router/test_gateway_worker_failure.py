@@ -5,7 +5,7 @@ import threading
 
 import httpx
 
-from conftest import copies, wait_for, write_ballast_store
+from gateway_helpers import copies, wait_for, write_ballast_store
 
 
 def test_killed_worker_is_routed_around_and_leaves_models(procs, tmp_path):

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import tritonclient.http as triton_http
 
-from conftest import ROOT, copies, local_stack
+from gateway_helpers import ROOT, copies, local_stack
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
 SAMPLES = ROOT / "build/models/model-store.json"

@@ -89,10 +89,12 @@ def _ensure_dedicated(kube_api: kube.Kube, spec: ModelSpec, body: kopf.Body, con
 
 
 def _refresh_status(kube_api: kube.Kube, spec: ModelSpec, body: kopf.Body, patch: kopf.Patch,
-                    config: OperatorConfig) -> None:
+                    config: OperatorConfig, cache: workers.ReportCache) -> None:
     """Copies, readyReplicas and Ready from the worker pods' own reports."""
-    pods = kube_api.worker_pods(body["metadata"]["namespace"], labels.WORKER_SELECTOR)
-    copies = status.copies_of(spec.id, workers.fetch_reports(pods, config.worker_port))
+    namespace = body["metadata"]["namespace"]
+    pods = kube_api.worker_pods(namespace, labels.WORKER_SELECTOR)
+    reports = cache.get(namespace, lambda: workers.fetch_reports(pods, config.worker_port))
+    copies = status.copies_of(spec.id, reports)
     problems = [f"pod {p.name}: {p.problem}" for p in pods if p.pool == spec.id and p.problem]
     ready, reason, message = status.readiness(spec, copies, problems)
     ready_count = sum(1 for c in copies if c["state"] == "READY")
@@ -108,6 +110,7 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
     # ServedModel and then writes the pool, so one at a time, or a stale reader
     # could write last.
     pool_lock = threading.Lock()
+    reports = workers.ReportCache(ttl_s=config.status_interval_s / 2)
 
     def sync_pool(kube_api: kube.Kube, logger: Any) -> None:
         with pool_lock:
@@ -151,7 +154,7 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
         placement = f"{spec.placement.value} placement, min {spec.replicas.min} / max {spec.replicas.max} copies"
         if _set_condition(body, patch, conditions.ACCEPTED, True, "Valid", placement):
             kopf.event(body, type="Normal", reason="Accepted", message=placement)
-        _refresh_status(memo.kube, spec, body, patch, config)
+        _refresh_status(memo.kube, spec, body, patch, config, reports)
         _write_status(body, patch, {"observedGeneration": generation})
 
     @kopf.timer(**RESOURCE, interval=config.status_interval_s, initial_delay=config.status_interval_s,
@@ -159,7 +162,7 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
     def refresh(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
         verdict = validation.validate(body, config)
         if verdict.spec is not None and verdict.accepted:
-            _refresh_status(memo.kube, verdict.spec, body, patch, config)
+            _refresh_status(memo.kube, verdict.spec, body, patch, config, reports)
 
     @kopf.on.delete(**RESOURCE, retries=6, backoff=5, registry=registry)
     def unload_copies(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:

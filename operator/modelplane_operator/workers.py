@@ -7,7 +7,9 @@ OIP v2 repository endpoint every worker serves.
 from __future__ import annotations
 
 import logging
-from typing import Iterable
+import threading
+import time
+from typing import Callable, Iterable
 from urllib.parse import quote
 
 import httpx
@@ -54,3 +56,26 @@ def unload(pod: WorkerPod, port: int, model: str) -> None:
         response = http.post(f"{_base(pod, port)}/v2/repository/models/{quote(model, safe='')}/unload")
     if response.status_code not in (200, 204, 404):
         raise UnloadRefused(f"pod {pod.name} refused to unload {model}: HTTP {response.status_code} {response.text[:200]}")
+
+
+class ReportCache:
+    """Worker reports shared by every ServedModel's status refresh for `ttl_s` seconds.
+
+    Without it each model's timer would ask every pod: models x pods requests
+    per interval instead of pods.
+    """
+
+    def __init__(self, ttl_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.ttl_s = ttl_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._entries: dict[str, tuple[float, dict[str, WorkerStatus]]] = {}
+
+    def get(self, namespace: str, fetch: Callable[[], dict[str, WorkerStatus]]) -> dict[str, WorkerStatus]:
+        with self._lock:
+            at, reports = self._entries.get(namespace, (float("-inf"), {}))
+            if self._clock() - at < self.ttl_s:
+                return reports
+            reports = fetch()
+            self._entries[namespace] = (self._clock(), reports)
+            return reports

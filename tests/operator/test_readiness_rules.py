@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from modelplane_common.spec import ModelSpec
 from modelplane_common.wire import CopyState, ModelCopy, WorkerStatus
-from modelplane_operator import conditions, status, validation
+from modelplane_operator import conditions, status, validation, workers
 from modelplane_operator.config import OperatorConfig
 
 
@@ -63,3 +63,18 @@ def test_validation_names_the_field_a_user_writes() -> None:
     too_big = validation.validate({"metadata": {"name": "m"}, "spec": {"framework": "triton", "memory": "2Gi",
                                                                       "source": {"uri": "file:///m"}}}, config)
     assert [p.field for p in too_big.problems] == ["spec.memory"]
+
+
+def test_worker_reports_are_shared_for_a_while_then_refreshed() -> None:
+    now = [0.0]
+    calls = []
+    cache = workers.ReportCache(ttl_s=5, clock=lambda: now[0])
+    fetch = lambda: calls.append(1) or {"a": _report("a")}  # noqa: E731
+    cache.get("ns", fetch)
+    now[0] = 4.9
+    cache.get("ns", fetch)
+    assert len(calls) == 1
+    now[0] = 5.0
+    cache.get("ns", fetch)
+    cache.get("other", fetch)
+    assert len(calls) == 3

@@ -6,7 +6,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
+from modelplane_operator.config import ENV_PREFIX, OperatorConfig
 from modelplane_testing.kube_cluster import KubeCluster
 from modelplane_testing.operator_harness import (Cluster, operator_config, running_operator, served_model,
                                                  service_account_kubeconfig, wait_for)
@@ -98,3 +100,17 @@ def test_operator_works_under_its_own_service_account(installed: Cluster, tmp_pa
         assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == "modelplane-worker"
         wait_for(lambda: installed.get("configmap", "modelplane-models"), "the model store")
         installed.kubectl("delete", "servedmodel", "rbac-check", "--timeout=30s")
+
+
+def test_chart_settings_are_ones_the_operator_reads(kube_cluster: KubeCluster) -> None:
+    result = _helm(kube_cluster, "template", "modelplane", str(CHART), "--set", "workers.gpusPerPod=2",
+                   "--set", "workers.memoryBudget=40Gi", "--set", "workers.modelClaims={models,extra}")
+    assert result.returncode == 0, result.stderr
+    operator = next(d for d in yaml.safe_load_all(result.stdout)
+                    if d and d["kind"] == "Deployment" and d["metadata"]["name"] == "modelplane-operator")
+    env = {e["name"]: e["value"] for e in operator["spec"]["template"]["spec"]["containers"][0]["env"] if "value" in e}
+    unknown = [k for k in env if k.startswith(ENV_PREFIX) and k[len(ENV_PREFIX):].lower() not in OperatorConfig.model_fields]
+    assert unknown == []
+    config = OperatorConfig.from_env(env, namespace="ml")
+    assert (config.gpus_per_pod, config.pod_memory_budget, config.model_claims) == (2, 40 * 2**30, ("models", "extra"))
+    assert config.worker_service_account == "modelplane-worker"

@@ -1,19 +1,14 @@
-"""Cold versus warm latency per sample model, load seconds, and warm latency during another load.
+"""Does a model's load slow down requests to models already loaded? Measured side by side.
 
 Starts the real pieces on loopback: the Triton sidecar (``modelplane-triton``,
 skipped with --no-triton or when it cannot start) and ``modelplane-worker``
-with the sample models' store, then measures through the worker's HTTP API:
+with the sample models' store. The first sample model is the warm one: its
+warm median is measured alone, then while each other sample model loads from
+cold (after an explicit unload), repeated ``--rounds`` times. The ratio
+during/alone should be ~1; the reference server's was 28 (5 ms -> 140 ms).
+Cold/warm latency and load seconds per model: ``benchmarks/worker_cold_warm.py``.
 
-- cold: the first ``/predict`` of a model, its load included (the first model
-  of a framework also pays for that framework's first use);
-- reload: the first ``/predict`` again after an explicit unload;
-- warm: the median and p90 of the following requests;
-- load s: ``modelplane_model_load_seconds`` from ``/metrics``, first load and reload;
-- head-of-line: the warm median of the first model measured alone and then
-  while each other model loads from cold, side by side in this run (their
-  ratio should be ~1; the reference server's was 28: 5 ms became 140 ms).
-
-Usage: .venv/bin/python benchmarks/worker_latency.py [--warm 30] [--no-triton] [--json-out FILE]
+Usage: .venv/bin/python benchmarks/worker_head_of_line.py [--rounds 3] [--warm 30] [--no-triton] [--json-out FILE]
 """
 from __future__ import annotations
 
@@ -35,7 +30,6 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -102,42 +96,6 @@ def timed_predict(client: httpx.Client, model_id: str, data: Any) -> float:
     return elapsed
 
 
-def load_seconds(client: httpx.Client) -> dict[str, float]:
-    sums: dict[str, float] = {}
-    for family in text_string_to_metric_families(client.get("/metrics").text):
-        for sample in family.samples:
-            if sample.name == "modelplane_model_load_seconds_sum":
-                sums[sample.labels["model"]] = sample.value
-    return sums
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
-
-
-def measure_models(client: httpx.Client, models: list[dict[str, Any]], warm_count: int) -> list[dict[str, Any]]:
-    rows = []
-    for model in models:
-        data = input_for(model)
-        try:
-            cold = timed_predict(client, model["id"], data)
-            warm = [timed_predict(client, model["id"], data) for _ in range(warm_count)]
-            first_load = load_seconds(client).get(model["id"], 0.0)
-            client.post(f"/v2/repository/models/{model['id']}/unload").raise_for_status()
-            reload = timed_predict(client, model["id"], data)  # cold again, without first-use imports
-            second_load = load_seconds(client).get(model["id"], 0.0) - first_load
-        except (RuntimeError, httpx.HTTPError) as exc:
-            rows.append({"model": model["id"], "framework": model["framework"], "error": str(exc)})
-            continue
-        rows.append({
-            "model": model["id"], "framework": model["framework"], "cold_ms": cold * 1000, "reload_ms": reload * 1000,
-            "load_s": first_load, "reload_load_s": second_load,
-            "warm_median_ms": statistics.median(warm) * 1000, "warm_p90_ms": percentile(warm, 0.9) * 1000,
-        })
-    return rows
-
-
 def measure_head_of_line(client: httpx.Client, warm: dict[str, Any], loading: dict[str, Any], count: int) -> dict[str, Any]:
     """Warm median of `warm` alone, then while `loading` loads from cold (side by side, one run)."""
     data = input_for(warm)
@@ -166,31 +124,24 @@ def measure_head_of_line(client: httpx.Client, warm: dict[str, Any], loading: di
     }
 
 
-def print_report(rows: list[dict[str, Any]], hol: list[dict[str, Any]], triton_note: str) -> None:
-    print(f"{'model':<12} {'framework':<13} {'cold ms':>9} {'reload ms':>10} {'warm p50 ms':>12} {'warm p90 ms':>12} {'load s':>7} {'reload s':>9}")
-    for row in rows:
-        if "error" in row:
-            print(f"{row['model']:<12} {row['framework']:<13} error: {row['error']}")
-            continue
-        print(
-            f"{row['model']:<12} {row['framework']:<13} {row['cold_ms']:>9.1f} {row['reload_ms']:>10.1f} "
-            f"{row['warm_median_ms']:>12.2f} {row['warm_p90_ms']:>12.2f} {row['load_s']:>7.3f} {row['reload_load_s']:>9.3f}"
-        )
+def print_report(results: list[dict[str, Any]], triton_note: str) -> None:
     if triton_note:
         print(f"triton: {triton_note}")
-    for entry in hol:
+    print(f"{'warm model':<12} {'loading':<12} {'alone ms':>9} {'during ms':>10} {'ratio':>6} {'requests':>9}")
+    for entry in results:
         if entry["ratio"] is None:
+            print(f"{entry['warm_model']:<12} {entry['loading_model']:<12} (the load ended before any request)")
             continue
         print(
-            f"head-of-line: {entry['warm_model']} warm median {entry['alone_median_ms']:.2f} ms alone, "
-            f"{entry['during_load_median_ms']:.2f} ms during the load of {entry['loading_model']} "
-            f"({entry['requests_during_load']} requests; ratio {entry['ratio']:.2f})"
+            f"{entry['warm_model']:<12} {entry['loading_model']:<12} {entry['alone_median_ms']:>9.2f} "
+            f"{entry['during_load_median_ms']:>10.2f} {entry['ratio']:>6.2f} {entry['requests_during_load']:>9}"
         )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--warm", type=int, default=30, help="warm requests per model")
+    parser.add_argument("--warm", type=int, default=30, help="requests for the warm median alone")
+    parser.add_argument("--rounds", type=int, default=3, help="measurements per loading model")
     parser.add_argument("--no-triton", action="store_true", help="do not start the Triton sidecar")
     parser.add_argument("--json-out", type=Path)
     args = parser.parse_args()
@@ -223,12 +174,17 @@ def main() -> None:
                    "--triton-repository", str(repository), "--pod-name", "bench"]
         stack.enter_context(process(command, f"http://127.0.0.1:{port}/v2/health/ready", scratch / "worker.log"))
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=300) as client:
-            rows = measure_models(client, models, args.warm)
             warm_model, *others = models
-            hol = [measure_head_of_line(client, warm_model, other, args.warm) for other in others]
-    print_report(rows, hol, triton_note)
+            for other in others:  # first loads pay one-time imports: not what this measures
+                timed_predict(client, other["id"], input_for(other))
+            results = [
+                measure_head_of_line(client, warm_model, other, args.warm)
+                for _ in range(args.rounds)
+                for other in others
+            ]
+    print_report(results, triton_note)
     if args.json_out:
-        args.json_out.write_text(json.dumps({"models": rows, "head_of_line": hol}, indent=2) + "\n")
+        args.json_out.write_text(json.dumps(results, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,36 @@
+"""Run every benchmark in turn and print their figures (`make bench`).
+
+Each script is a separate process so one benchmark's servers and memory never
+colour the next one's figures.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+BENCHMARKS: list[list[str]] = [
+    ["worker_cold_warm.py"],
+    ["worker_head_of_line.py"],
+    ["router_overhead.py"],
+    ["router_placement_density.py"],
+    ["router_cold_start.py", "--real"],
+]
+
+
+def main() -> int:
+    failed: list[str] = []
+    for script, *args in BENCHMARKS:
+        print(f"\n=== {script} {' '.join(args)}", flush=True)
+        result = subprocess.run([sys.executable, str(HERE / script), *args])
+        if result.returncode != 0:
+            failed.append(script)
+    if failed:
+        print(f"\nbenchmarks that failed: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

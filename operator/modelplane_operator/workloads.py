@@ -16,7 +16,7 @@ import json
 from typing import Any, Iterable, Sequence
 
 from modelplane_common import labels
-from modelplane_common.spec import API_VERSION, KIND, ModelSpec
+from modelplane_common.spec import API_VERSION, KIND, ModelSpec, Placement
 from modelplane_operator.config import OperatorConfig
 
 WORKER_CONTAINER = "modelplane-worker"
@@ -126,12 +126,20 @@ def build_triton_container(config: OperatorConfig) -> dict[str, Any]:
     }
 
 
+def store_key(pool: str) -> str:
+    """The model-store ConfigMap key a pool's pods read: shared models, or one dedicated model."""
+    return MODEL_STORE_KEY if pool == labels.SHARED_POOL else f"dedicated.{pool}.json"
+
+
 def build_worker_pod_template(config: OperatorConfig, pool: str, pinned: Sequence[str],
                               annotations: dict[str, str] | None = None) -> dict[str, Any]:
     """A worker pod: worker + Triton sidecar sharing /models, non-root, GPUs from the settings."""
     volumes: list[dict[str, Any]] = [
         {"name": "model-repository", "emptyDir": {}},
-        {"name": "model-store", "configMap": {"name": config.model_store_configmap}},
+        # Each pool sees only its own models, so the router (which places a model only on pods
+        # whose catalog lists it) never puts other models on a dedicated group, nor its model on the pool.
+        {"name": "model-store", "configMap": {"name": config.model_store_configmap,
+                                              "items": [{"key": store_key(pool), "path": MODEL_STORE_KEY}]}},
         {"name": "worker-tmp", "emptyDir": {}},
         {"name": "triton-tmp", "emptyDir": {}},
     ]
@@ -203,13 +211,21 @@ def spec_hash(spec: ModelSpec) -> str:
     return hashlib.sha256(json.dumps(store_entry(spec), sort_keys=True).encode()).hexdigest()[:16]
 
 
-def build_model_store_configmap(specs: Iterable[ModelSpec], config: OperatorConfig) -> dict[str, Any]:
-    """The catalog every worker pod mounts as its model store: all accepted ServedModels."""
+def _store_document(specs: Iterable[ModelSpec]) -> str:
     entries = [store_entry(spec) for spec in sorted(specs, key=lambda s: s.id)]
+    return json.dumps({"models": entries}, indent=1, sort_keys=True)
+
+
+def build_model_store_configmap(specs: Iterable[ModelSpec], config: OperatorConfig) -> dict[str, Any]:
+    """The catalogs worker pods mount as their model store: one key for the shared pool's
+    models, one per dedicated model holding only that model."""
+    specs = list(specs)
+    data = {MODEL_STORE_KEY: _store_document(s for s in specs if s.placement is Placement.SHARED)}
+    data.update({store_key(s.id): _store_document([s]) for s in specs if s.placement is Placement.DEDICATED})
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": {"name": config.model_store_configmap, "namespace": config.namespace,
                      "labels": {labels.PART_OF: labels.PROJECT, labels.MANAGED_BY: MANAGER}},
-        "data": {MODEL_STORE_KEY: json.dumps({"models": entries}, indent=1, sort_keys=True)},
+        "data": data,
     }

@@ -32,6 +32,13 @@ def test_dedicated_model_gets_its_own_pinned_deployment(cluster: Cluster, operat
     triton = _container(deployment, "triton")
     assert triton["command"][0] == "tritonserver" and "--model-control-mode=explicit" in triton["command"]
 
+    # Its pods see a model store holding only this model; the shared pool's store does not list it.
+    volume = next(v for v in deployment["spec"]["template"]["spec"]["volumes"] if v["name"] == "model-store")
+    key = volume["configMap"]["items"][0]["key"]
+    store = cluster.get("configmap", "modelplane-models")["data"]
+    assert [m["id"] for m in json.loads(store[key])["models"]] == ["sentiment"]
+    assert json.loads(store["models.json"])["models"] == []
+
     # The controller-manager turns it into real pods; they carry the worker labels the router selects.
     pods = wait_for(lambda: len(p := cluster.items("pods", "modelplane.io/pool=sentiment")) == 2 and p, "2 pods")
     assert all(p["spec"]["securityContext"]["runAsNonRoot"] for p in pods)

@@ -94,3 +94,14 @@ def test_a_changed_model_spec_rolls_the_dedicated_group() -> None:
     annotation = workloads.SPEC_HASH
     assert first["spec"]["template"]["metadata"]["annotations"][annotation] != \
         second["spec"]["template"]["metadata"]["annotations"][annotation]
+
+
+def test_each_pool_mounts_only_its_own_models() -> None:
+    shared = ModelSpec(id="small", framework="torchvision", source="pvc://models/small", memory="10Mi")
+    store = workloads.build_model_store_configmap([_spec(), shared], _config())["data"]
+    assert set(store) == {"models.json", "dedicated.sentiment.json"}
+    assert '"small"' in store["models.json"] and '"sentiment"' not in store["models.json"]
+    for pool, key in (("shared", "models.json"), ("sentiment", "dedicated.sentiment.json")):
+        template = workloads.build_worker_pod_template(_config(), pool, [])
+        volume = next(v for v in template["spec"]["volumes"] if v["name"] == "model-store")
+        assert volume["configMap"]["items"] == [{"key": key, "path": "models.json"}]

@@ -2,6 +2,8 @@
 the operator, with a message that names the field; valid neighbours are unaffected."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from modelplane_testing.operator_harness import Cluster, served_model, wait_for
@@ -52,3 +54,10 @@ def test_operator_marks_what_only_it_can_judge(cluster: Cluster, operator) -> No
     # Only accepted models reach the workers' model store.
     store = cluster.get("configmap", config.model_store_configmap)["data"]["models.json"]
     assert '"too-big"' in store and '"fine"' in store and '"empty-group"' not in store
+
+
+def test_the_samples_are_valid(cluster: Cluster) -> None:
+    samples = Path(__file__).resolve().parents[2] / "crds" / "samples"
+    for sample in sorted(samples.glob("*.yaml")):
+        result = cluster.kubectl("apply", "--dry-run=server", "-f", str(sample), check=False)
+        assert result.returncode == 0, f"{sample.name}: {result.stderr}"

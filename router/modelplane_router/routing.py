@@ -27,6 +27,8 @@ from modelplane_router.status_sync import StatusSync
 from modelplane_router.telemetry import RouterMetrics
 from modelplane_router.upstream import PodUnreachable, UpstreamResponse, WorkerClient, WorkerError
 
+POST_LOAD_SETTLE_S = 10.0
+
 log = logging.getLogger(__name__)
 
 LimitsLookup = Callable[[str], ModelLimits]
@@ -87,11 +89,15 @@ class Router:
             future.add_done_callback(lambda f, m=model: self._loads.pop(m, None) if self._loads.get(m) is f else None)
         await asyncio.shield(future)
         urls = self.model_map.ready_copies(model)
-        if not urls:
-            # A status poll that started before the load finished can land after it and
-            # overwrite the loaded copy with its stale view: ask the pods once more.
+        # A status poll that started before the load finished can land after it and hide the
+        # new copy, and a worker may report itself unready for a moment while its Triton sidecar
+        # loads (seen in e2e): the load succeeded, so re-read the pods for a few seconds first.
+        deadline = asyncio.get_running_loop().time() + POST_LOAD_SETTLE_S
+        while not urls and asyncio.get_running_loop().time() < deadline:
             await self.sync.refresh_all()
             urls = self.model_map.ready_copies(model)
+            if not urls:
+                await asyncio.sleep(0.2)
         if not urls:
             raise errors.BackendUnavailable(f"model {model!r} was loaded but no ready copy is reachable", self.retry_after_s)
         return urls

@@ -11,6 +11,8 @@ from agent_process import AgentProcess
 from modelplane_testing.kube_cluster import KubeCluster
 
 TAIL_CHARS = 4000
+# Control-plane log lines that say nothing about a failure here.
+NOISE = ("configmap_cafile_content", "may not be in the loopback range", "is not as new as written version")
 
 
 def tail(text: str, chars: int = TAIL_CHARS) -> str:
@@ -27,7 +29,8 @@ def dump(cluster: KubeCluster | None, agent: AgentProcess | None) -> str:
             result = cluster.kubectl(*args, check=False, timeout=60)
             parts.append(f"$ kubectl {' '.join(args)}\n{tail(result.stdout + result.stderr, 12000)}")
         for component in ("kube-apiserver", "kube-controller-manager", "kube-scheduler"):
-            parts.append(f"--- {component} log (tail)\n{tail(cluster.log(component), 1500)}")
+            lines = [line for line in cluster.log(component).splitlines() if not any(n in line for n in NOISE)]
+            parts.append(f"--- {component} log (tail)\n{tail(chr(10).join(lines), 1500)}")
     if agent is not None:
         parts.append(f"--- node agent log (tail)\n{tail(agent.log())}")
         for log_path in sorted((agent.state_dir / "pods").glob("*/*/*.log")):

@@ -82,7 +82,8 @@ class LocalPlatform:
         return f"http://{body['status']['podIP']}:8080"
 
     def kill_container(self, pod: str, container: str) -> None:
-        os.kill(self.agent.container_pid(self.namespace, pod, container), signal.SIGKILL)
+        """SIGKILL the container's processes (its process group), as a crash or OOM kill of the container would."""
+        os.killpg(self.agent.container_pid(self.namespace, pod, container), signal.SIGKILL)
 
     def wait_installed(self, timeout: float = 240) -> None:
         for what, selector in (("operator", OPERATOR_SELECTOR), ("router", ROUTER_SELECTOR)):

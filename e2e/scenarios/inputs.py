@@ -30,8 +30,10 @@ def payload(model: str) -> Any:
     raise ValueError(f"no sample input for {model!r}")
 
 
-def predict(router_url: str, model: str, timeout: float = 120.0) -> httpx.Response:
-    return httpx.post(f"{router_url}/predict", json={"model_id": model, "input_data": payload(model)}, timeout=timeout)
+def predict(router_url: str, model: str, timeout: float = 120.0, like: str | None = None) -> httpx.Response:
+    """POST /predict for `model` with the sample input of `like` (default: the model's own)."""
+    body = {"model_id": model, "input_data": payload(like or model)}
+    return httpx.post(f"{router_url}/predict", json=body, timeout=timeout)
 
 
 def check_predictions(model: str, answer: httpx.Response) -> None:

@@ -39,8 +39,9 @@ class Platform(Protocol):
         """Re-install the chart with a different shared-pool size."""
 
 
-def wait_for(what: str, check: Callable[[], Any], timeout: float, interval: float = 0.5) -> Any:
-    """Poll check() until truthy; a TimeoutError names what never happened and the last error."""
+def wait_for(what: str, check: Callable[[], Any], timeout: float, interval: float = 0.5,
+             show: Callable[[], Any] | None = None) -> Any:
+    """Poll check() until truthy; a TimeoutError names what never happened, the last error and show()."""
     deadline = time.monotonic() + timeout
     last_error: Exception | None = None
     while time.monotonic() < deadline:
@@ -51,7 +52,15 @@ def wait_for(what: str, check: Callable[[], Any], timeout: float, interval: floa
         except Exception as err:  # noqa: BLE001 - a check may fail until the condition holds
             last_error = err
         time.sleep(interval)
-    raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}" + (f" (last error: {last_error!r})" if last_error else ""))
+    message = f"timed out after {timeout:.0f}s waiting for {what}"
+    if last_error:
+        message += f" (last error: {last_error!r})"
+    if show is not None:
+        try:
+            message += f"; state: {show()!r}"[:3000]
+        except Exception as err:  # noqa: BLE001 - the state is a courtesy
+            message += f"; state unavailable: {err!r}"
+    raise TimeoutError(message)
 
 
 class Kube:

@@ -113,7 +113,7 @@ def three_frameworks_served(platform: Platform, kube: Kube) -> None:
 # -- 2 ------------------------------------------------------------------------------------------
 def least_recently_used_evicted(platform: Platform, kube: Kube) -> None:
     """One pool pod whose budget holds sentiment + iris but not all three: using colors, sentiment, iris
-    in that order evicts colors, the least recently used (e2e/local/values.yaml sizes the budget)."""
+    in that order evicts colors, the least recently used (the tier's values.yaml sizes the budget)."""
     order = ["colors", "sentiment", "iris"]
     for model in order:
         predict_ok(platform, model)
@@ -123,11 +123,13 @@ def least_recently_used_evicted(platform: Platform, kube: Kube) -> None:
         kept = ready_copies(report, "sentiment") and ready_copies(report, "iris")
         return report if kept and not ready_copies(report, "colors") else None
 
-    report = wait_for("the router's map: sentiment and iris loaded, colors evicted", settled, 60)
+    report = wait_for("the router's map: sentiment and iris loaded, colors evicted", settled, 60,
+                      show=lambda: router_pods(platform))
     assert ready_copies(report, "sentiment") == ready_copies(report, "iris"), report["copies"]
     for model in order:
         wait_for(f"{model}'s status copies to agree with the router's GET /models",
-                 lambda: status_copies(kube, model) == ready_copies(router_models(platform), model), 60)
+                 lambda: status_copies(kube, model) == ready_copies(router_models(platform), model), 60,
+                 show=lambda: (status_copies(kube, model), router_models(platform)["copies"]))
 
 
 # -- 3 ------------------------------------------------------------------------------------------
@@ -166,9 +168,12 @@ def dedicated_group_of_two(platform: Platform, kube: Kube) -> None:
 def hot_model_gets_another_copy(platform: Platform, kube: Kube) -> None:
     """Sustained load on one model adds a copy on another pod."""
     platform.set_pool_size(2)
-    wait_for("two Ready pool pods", lambda: sum(is_true(p, "Ready") for p in kube.worker_pods(POOL_SELECTOR)) == 2, 240)
-    pool = [p["metadata"]["name"] for p in kube.worker_pods(POOL_SELECTOR)]
-    wait_for("the router to see both pool pods", lambda: all(router_sees_ready(platform, p) for p in pool), 60)
+    def two_ready() -> list[str] | None:
+        pods = kube.worker_pods(POOL_SELECTOR)
+        return [p["metadata"]["name"] for p in pods] if len(pods) == 2 and all(is_true(p, "Ready") for p in pods) else None
+
+    pool = wait_for("two Ready pool pods", two_ready, 300)
+    wait_for("the router to see both pool pods", lambda: all(router_sees_ready(platform, p) for p in pool), 120)
     model = "colors"
     predict_ok(platform, model)
     stop = threading.Event()
@@ -269,7 +274,7 @@ def missing_source_reported(platform: Platform, kube: Kube) -> None:
         return None
 
     wait_for("ghost's status to name its missing source", explained, 120)
-    answer = predict(platform.router_url, "ghost")
+    answer = predict(platform.router_url, "ghost", like="sentiment")
     assert 400 <= answer.status_code < 600 and "does-not-exist" in answer.text, (answer.status_code, answer.text[:300])
     predict_ok(platform, "colors")
     after = {p["metadata"]["name"]: [c["restartCount"] for c in p["status"]["containerStatuses"]]

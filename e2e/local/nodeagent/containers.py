@@ -97,6 +97,12 @@ class ContainerRunner:
 
     def _exited(self, code: int, now: float, reason: str) -> None:
         log.info("container %s exited with %s (%s)", self.name, code, reason)
+        if self.process is not None:
+            # A container ends with its main process: what it spawned goes too (e.g. Triton's stubs).
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
         self.last_state = {"terminated": {"exitCode": code, "reason": reason, "startedAt": self.started_at,
                                           "finishedAt": kubeapi.now()}}
         self.process = None

@@ -3,10 +3,18 @@
 Adding a framework is one module with one ``@register("name")`` class; the
 built-in modules are imported on first use, so importing the engine does not
 pull in torch.
+
+Preparing a framework (``FrameworkWorker.prepare()``: importing torch,
+transformers...) happens once, under a lock per framework, whether the pod's
+start-up or a first load gets there first: two threads importing
+transformers at once make one of them fail with ``ImportError: cannot import
+name 'AutoModel'`` (its lazy module is not thread-safe), so a load waits for
+the preparation in progress instead.
 """
 from __future__ import annotations
 
 import importlib
+import threading
 from typing import Callable, TypeVar
 
 from modelplane_common import errors
@@ -23,6 +31,10 @@ BUILTIN_MODULES: dict[str, str] = {
 }
 
 W = TypeVar("W", bound=type[FrameworkWorker])
+
+_prepared: set[str] = set()
+_prepare_locks: dict[str, threading.Lock] = {}
+_prepare_locks_guard = threading.Lock()
 
 
 def register(framework: str) -> Callable[[W], W]:
@@ -46,7 +58,20 @@ def worker_class(framework: str) -> type[FrameworkWorker]:
         raise errors.BadInput(f"unknown framework {framework!r}; known: {', '.join(known)}") from None
 
 
+def prepare(framework: str) -> None:
+    """Prepare `framework` once; a caller arriving meanwhile waits for it. A failure is not
+    remembered: the next caller tries again and sees the error itself."""
+    with _prepare_locks_guard:
+        lock = _prepare_locks.setdefault(framework, threading.Lock())
+    with lock:
+        if framework in _prepared:
+            return
+        worker_class(framework).prepare()
+        _prepared.add(framework)
+
+
 def create(spec: ModelSpec, context: WorkerContext) -> FrameworkWorker:
-    """A new, not yet loaded, worker for `spec`."""
+    """A new, not yet loaded, worker for `spec`, once its framework is prepared."""
     framework = spec.framework.value if hasattr(spec.framework, "value") else str(spec.framework)
+    prepare(framework)
     return worker_class(framework)(spec, context)

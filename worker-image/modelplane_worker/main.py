@@ -179,10 +179,11 @@ def build_app(settings: Settings, store: ModelStore | None = None) -> FastAPI:
 
 def import_frameworks(frameworks: Sequence[str]) -> None:
     """Import and prepare the frameworks the store needs now, not during the first request (torch
-    and transformers take seconds to import). A framework that fails here fails its loads, clearly."""
+    and transformers take seconds to import). A load meanwhile waits for its framework's preparation
+    (engine.prepare). A framework that fails here fails its loads, clearly."""
     for framework in frameworks:
         try:
-            engine.worker_class(framework).prepare()
+            engine.prepare(framework)
         except Exception as exc:  # noqa: BLE001 - reported again, per model, when one loads
             log.warning("framework %s is not available: %s", framework, exc)
 

@@ -45,7 +45,8 @@ class ModelCopy(BaseModel):
     inflight: int = 0
     last_used_s: float = 0.0  # monotonic-free: seconds since the copy was last used
     loaded_at_s: float = 0.0  # seconds since the load finished
-    reason: str = ""
+    reason: str = ""  # FAILED: why the last load failed
+    failed_at_s: float = 0.0  # FAILED: seconds since that load failed
 
 
 class CatalogEntry(BaseModel):

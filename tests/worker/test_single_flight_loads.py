@@ -33,12 +33,12 @@ async def test_twenty_concurrent_requests_for_a_cold_model_cause_one_load(tmp_pa
 
 async def test_twenty_concurrent_requests_for_a_broken_model_share_one_failed_load(tmp_path) -> None:
     store = ballast.catalog(tmp_path, {"broken": {"corrupt": True}})
-    manager = ballast.manager(store, budget=10 * MiB)
+    manager = ballast.manager(store, budget=10 * MiB, failure_backoff_s=0)
     try:
         results = await asyncio.gather(*(manager.load("broken") for _ in range(20)), return_exceptions=True)
         assert ballast.ATTEMPTS["broken"] == 1
         assert all(isinstance(r, errors.ModelLoadFailed) and "corrupt" in r.message for r in results)
-        with pytest.raises(errors.ModelLoadFailed):  # the next request tries again
+        with pytest.raises(errors.ModelLoadFailed):  # with no back-off, the next request tries again
             await manager.load("broken")
         assert ballast.ATTEMPTS["broken"] == 2
     finally:

@@ -25,13 +25,14 @@ def test_every_option_can_come_from_the_environment() -> None:
         "MODELPLANE_MAX_BODY_BYTES": "1Mi",
         "MODELPLANE_SOURCE_ROOTS": "models=/mnt/models,extra=/mnt/extra",
         "MODELPLANE_MIN_RESIDENCY_S": "2.5",
+        "MODELPLANE_FAILED_LOAD_BACKOFF_S": "0.5",
     }
     settings = main.parse_settings([], env)
     assert settings == main.Settings(
         model_store=Path("/etc/models.json"), host="0.0.0.0", port=9000, memory_budget=2 * 2**30, max_models=3,
         triton_url="127.0.0.1:8000", triton_repository=Path("/models"), pod_name="pod-7", pinned=("a", "b"),
         max_body_bytes=2**20, source_roots={"models": Path("/mnt/models"), "extra": Path("/mnt/extra")},
-        min_residency_s=2.5,
+        min_residency_s=2.5, failed_load_backoff_s=0.5,
     )
 
 
@@ -50,6 +51,7 @@ def test_flags_win_over_the_environment() -> None:
         ([], "--model-store"),
         (["--model-store", "s.json", "--memory-budget", "lots"], "not a memory quantity"),
         (["--model-store", "s.json", "--source-root", "nopath"], "CLAIM=PATH"),
+        (["--model-store", "s.json", "--failed-load-backoff-s", "-1"], "--failed-load-backoff-s"),
     ],
 )
 def test_bad_options_exit_with_a_message_naming_them(argv, message, capsys) -> None:

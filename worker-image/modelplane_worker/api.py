@@ -13,6 +13,9 @@ shared handler. Choices worth knowing:
 - A load that fails is a 500 naming the cause (missing/corrupt files), 503
   when a backend it needs is down or there is no room beside pinned models,
   507 when it can never fit the budget; the cache is unchanged in each case.
+  The failure stays in ``/status`` (a FAILED copy with its reason) and in the
+  repository index (UNAVAILABLE with the reason) until a load succeeds or
+  the model is unloaded; a retry within the back-off answers it again at once.
 - ``/v2/health/ready`` is 200 only when the Triton sidecar is ready (or the
   worker has none), every pinned model is loaded and the start-up
   preparation (importing the store's frameworks) is done;
@@ -285,9 +288,11 @@ def copies(manager: ModelManager) -> list[wire.ModelCopy]:
         )
         for view in manager.snapshot()
     ]
-    for model_id, reason in sorted(manager.failures().items()):
-        framework = _framework_of(manager, model_id)
-        result.append(wire.ModelCopy(id=model_id, framework=framework, state=wire.CopyState.FAILED, reason=reason, pinned=manager.is_pinned(model_id)))
+    for failed in manager.failed_loads():  # held nothing: 0 bytes, and never ready
+        result.append(wire.ModelCopy(
+            id=failed.model_id, framework=_framework_of(manager, failed.model_id), state=wire.CopyState.FAILED,
+            reason=failed.reason, failed_at_s=failed.failed_at_s, pinned=failed.pinned,
+        ))
     return result
 
 

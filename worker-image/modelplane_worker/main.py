@@ -42,6 +42,7 @@ class Settings:
     max_body_bytes: int = api.DEFAULT_MAX_BODY_BYTES
     source_roots: dict[str, Path] = field(default_factory=dict)
     min_residency_s: float = 10.0
+    failed_load_backoff_s: float = 5.0
     log_level: str = "info"
 
 
@@ -59,6 +60,7 @@ ENVIRONMENT = {
     "max_body_bytes": "MODELPLANE_MAX_BODY_BYTES",
     "source_root": "MODELPLANE_SOURCE_ROOTS",
     "min_residency_s": "MODELPLANE_MIN_RESIDENCY_S",
+    "failed_load_backoff_s": "MODELPLANE_FAILED_LOAD_BACKOFF_S",
     "log_level": "MODELPLANE_LOG_LEVEL",
 }
 
@@ -83,6 +85,10 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         help="where the PVC named CLAIM is mounted (repeatable; $MODELPLANE_SOURCE_ROOTS is comma-separated)",
     )
     parser.add_argument("--min-residency-s", type=float, default=default("min_residency_s", 10.0), help="churn guard")
+    parser.add_argument(
+        "--failed-load-backoff-s", type=float, default=default("failed_load_backoff_s", 5.0),
+        help="after a failed load, requests for that model get its error again without a new load for this long",
+    )
     parser.add_argument("--log-level", default=default("log_level", "info"))
     return parser
 
@@ -93,6 +99,8 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
     if not args.model_store:
         parser.error("--model-store (or MODELPLANE_MODEL_STORE) is required")
     roots = args.source_root if args.source_root is not None else _split(env.get(ENVIRONMENT["source_root"], ""))
+    if float(args.failed_load_backoff_s) < 0:
+        parser.error(f"--failed-load-backoff-s must not be negative, got {args.failed_load_backoff_s}")
     try:
         return Settings(
             model_store=Path(args.model_store),
@@ -107,6 +115,7 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
             max_body_bytes=quantity.parse_bytes(args.max_body_bytes),
             source_roots=dict(_source_root(item) for item in roots),
             min_residency_s=float(args.min_residency_s),
+            failed_load_backoff_s=float(args.failed_load_backoff_s),
             log_level=args.log_level,
         )
     except ValueError as exc:
@@ -169,6 +178,7 @@ def build_app(settings: Settings, store: ModelStore | None = None) -> FastAPI:
         pinned=settings.pinned,
         observer=metrics,
         preflight=triton.require,
+        failure_backoff_s=settings.failed_load_backoff_s,
     )
     frameworks = sorted({spec.framework.value for spec in store.list()})
     return api.create_app(

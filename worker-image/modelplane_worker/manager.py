@@ -25,13 +25,22 @@ Guarantees, and how they are kept:
   (state UNLOADING), its bytes stop counting towards the budget, and its
   ``unload()`` runs only after its in-flight requests finished. A request for
   it meanwhile waits for the unload and then loads it again.
+- **A failed load is remembered, not retried on every request.** The last
+  failure per model (its error and when) is reported as a FAILED copy of
+  0 bytes until a later load succeeds or the model is unloaded. It holds no
+  memory and is never "loaded". For ``failure_backoff_s`` after it, a request
+  gets the same error at once instead of another load; after that window a
+  request loads again. A sidecar that was down (BackendUnavailable) is
+  re-checked at once instead: asking is cheap and the sidecar recovers alone.
 """
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
 import contextlib
+import copy as copying
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Awaitable, Callable, Iterable, Protocol
@@ -114,6 +123,27 @@ class CopyView:
     reason: str = ""
 
 
+@dataclass(frozen=True)
+class _Failure:
+    """The last failed load of one model: what every retry within the back-off window answers."""
+
+    error: errors.ModelplaneError
+    at: float  # the manager's clock
+
+    def backs_off(self) -> bool:
+        return not isinstance(self.error, errors.BackendUnavailable)
+
+
+@dataclass(frozen=True)
+class FailedLoadView:
+    """A remembered load failure, for /status (a FAILED copy) and the repository index."""
+
+    model_id: str
+    reason: str
+    failed_at_s: float  # seconds since it failed
+    pinned: bool
+
+
 class ModelManager:
     def __init__(
         self,
@@ -129,11 +159,14 @@ class ModelManager:
         preflight: Preflight | None = None,
         create_worker: WorkerFactory = engine.create,
         load_threads: int = 2,
+        failure_backoff_s: float = 5.0,
     ) -> None:
         if memory_budget <= 0:
             raise ValueError(f"memory budget must be positive, got {memory_budget}")
         if max_models is not None and max_models < 1:
             raise ValueError(f"max models must be at least 1, got {max_models}")
+        if failure_backoff_s < 0:
+            raise ValueError(f"failed-load back-off must not be negative, got {failure_backoff_s}")
         self.store = store
         self.context = context
         self.memory_budget = memory_budget
@@ -144,9 +177,10 @@ class ModelManager:
         self._observer = observer or _NoObserver()
         self._preflight = preflight
         self._create_worker = create_worker
+        self.failure_backoff_s = failure_backoff_s
         self._lock = asyncio.Lock()
         self._copies: dict[str, _Copy] = {}
-        self._failures: dict[str, str] = {}
+        self._failures: dict[str, _Failure] = {}  # last failed load per model, until a load succeeds
         self._measured: dict[str, int] = {}  # last measured size, kept after eviction for placement
         self._tasks: set[asyncio.Task[None]] = set()
         self._load_pool = concurrent.futures.ThreadPoolExecutor(load_threads, thread_name_prefix="model-load")
@@ -189,8 +223,17 @@ class ModelManager:
         return self._measured.get(spec.id, spec.memory_bytes)
 
     def failures(self) -> dict[str, str]:
-        """Last load failure per model that is not loaded now."""
-        return dict(self._failures)
+        """Reason of the last failed load per model that is neither loaded nor loading again now."""
+        return {key: failure.error.message for key, failure in self._failures.items() if key not in self._copies}
+
+    def failed_loads(self) -> list[FailedLoadView]:
+        """The remembered failures (as `failures()`), with how long ago each happened."""
+        now = self._clock()
+        return [
+            FailedLoadView(key, failure.error.message, max(0.0, now - failure.at), self.is_pinned(key))
+            for key, failure in sorted(self._failures.items())
+            if key not in self._copies
+        ]
 
     def snapshot(self) -> list[CopyView]:
         now = self._clock()
@@ -256,6 +299,7 @@ class ModelManager:
             async with self._lock:
                 copy = self._copies.get(model_id)
                 if copy is None:
+                    self._raise_if_backing_off_locked(model_id)
                     copy = self._start_load_locked(spec)
                 if copy.state is CopyState.READY:
                     copy.last_used = self._clock()
@@ -268,6 +312,20 @@ class ModelManager:
             await asyncio.shield(waiter)  # a failed load raises its error in every waiter
 
     # ----- loading -------------------------------------------------------
+
+    def _raise_if_backing_off_locked(self, model_id: str) -> None:
+        """Within the back-off window after a failed load, answer its error again instead of loading."""
+        failure = self._failures.get(model_id)
+        if failure is None or not failure.backs_off():
+            return
+        remaining = failure.at + self.failure_backoff_s - self._clock()
+        if remaining <= 0:
+            return
+        again = copying.copy(failure.error)
+        again.message = f"{failure.error.message} (not retried for another {remaining:.1f}s)"
+        again.args = (again.message,)
+        again.headers = {**failure.error.headers, "Retry-After": str(max(1, math.ceil(remaining)))}
+        raise again.with_traceback(None)
 
     def _start_load_locked(self, spec: ModelSpec) -> _Copy:
         estimate = spec.memory_bytes
@@ -340,7 +398,7 @@ class ModelManager:
         async with self._lock:
             if self._copies.get(copy.spec.id) is copy:
                 del self._copies[copy.spec.id]
-            self._failures[copy.spec.id] = error.message
+            self._failures[copy.spec.id] = _Failure(error, self._clock())
         log.warning("load of %s failed: %s", copy.spec.id, error.message)
         self._observer.load_finished(copy.spec, seconds, ok=False)
         self._observer.memory_used(self.used_bytes())

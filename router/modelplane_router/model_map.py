@@ -6,6 +6,10 @@ the next report: loads it has started itself (so two placements do not count
 the same free bytes twice), copies it saw fail (so no request goes there
 until the worker says otherwise) and its own in-flight counts (for power of
 two choices). A pod that stops answering is removed at once.
+
+A FAILED copy in a report is a worker's record of its last failed load: it
+holds no bytes and is neither ready nor loading, so it never attracts a
+request, and it does not stand for a load the router started since.
 """
 from __future__ import annotations
 
@@ -43,6 +47,11 @@ class PodView:
     def ready_models(self) -> set[str]:
         return {m for m, c in self.copies.items() if c.state == CopyState.READY}
 
+    def holds(self, model: str) -> bool:
+        """Whether the pod reports a copy of `model` that occupies memory (not a failed load)."""
+        copy = self.copies.get(model)
+        return copy is not None and copy.state != CopyState.FAILED
+
 
 class ModelMap:
     """Pods keyed by URL, refreshed from worker reports; the router's only view of the cluster."""
@@ -76,7 +85,8 @@ class ModelMap:
         self._known = None
         # A fresh report supersedes the router's own guesses about this pod.
         self._suspect = {key for key in self._suspect if key[0] != url}
-        for key in [k for k in self._reserved if k[0] == url and k[1] in copies]:
+        pod = self._pods[url]
+        for key in [k for k in self._reserved if k[0] == url and pod.holds(k[1])]:
             del self._reserved[key]
 
     def remove_pod(self, url: str) -> None:
@@ -160,7 +170,7 @@ class ModelMap:
     def free_bytes(self, url: str) -> int:
         """Free bytes of a pod less what the router's own unreported loads will take."""
         pod = self._pods[url]
-        reserved = sum(n for (u, m), n in self._reserved.items() if u == url and m not in pod.copies)
+        reserved = sum(n for (u, m), n in self._reserved.items() if u == url and not pod.holds(m))
         return pod.free_bytes - reserved
 
     def known_models(self) -> set[str]:

@@ -95,8 +95,9 @@ def free_ports(count: int) -> list[int]:
             s.close()
 
 
-def _launch(repository: Path, log_path: Path, extra_env: dict[str, str] | None) -> TritonServer:
-    http_port, grpc_port, metrics_port = free_ports(3)
+def _launch(repository: Path, log_path: Path, extra_env: dict[str, str] | None,
+            ports: tuple[int, int, int] | None = None) -> TritonServer:
+    http_port, grpc_port, metrics_port = ports or free_ports(3)
     command = [
         sys.executable, "-m", "modelplane_worker.triton_sidecar",
         "--model-repository", str(repository),
@@ -132,17 +133,21 @@ def wait_ready(server: TritonServer, timeout_s: float = START_TIMEOUT_S) -> None
 
 
 def start_tritonserver(repo_dir: Path | str, log_dir: Path | str | None = None,
-                       extra_env: dict[str, str] | None = None, attempts: int = 3) -> TritonServer:
+                       extra_env: dict[str, str] | None = None, attempts: int = 3,
+                       ports: tuple[int, int, int] | None = None) -> TritonServer:
     """Start a real tritonserver on free loopback ports serving `repo_dir`; wait until ready.
 
     Retries on new ports when one was taken between choosing and binding.
+    `ports` (http, grpc, metrics) fixes them instead, e.g. to restart a server
+    where it was (as a restarted sidecar container comes back); retries then
+    use the same ports again.
     """
     repository = Path(repo_dir).resolve()
     repository.mkdir(parents=True, exist_ok=True)
     folder = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="tritonserver-"))
     last_error: TritonStartFailed | None = None
     for attempt in range(attempts):
-        server = _launch(repository, folder / f"tritonserver-{attempt}.log", extra_env)
+        server = _launch(repository, folder / f"tritonserver-{attempt}.log", extra_env, ports)
         try:
             wait_ready(server)
             return server

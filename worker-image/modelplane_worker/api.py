@@ -36,7 +36,7 @@ from fastapi.responses import JSONResponse
 
 from modelplane_common import errors, http, wire
 from modelplane_common.spec import ModelSpec
-from modelplane_worker import codec
+from modelplane_worker import codec, triton_sync
 from modelplane_worker.dataplane import DataPlane
 from modelplane_worker.manager import ModelManager
 from modelplane_worker.metrics import WorkerMetrics
@@ -59,25 +59,32 @@ def create_app(
     load_pinned: bool = True,
     pinned_check_s: float = 5.0,
     prepare: Callable[[], None] | None = None,
+    triton_sync_s: float = 1.0,
 ) -> FastAPI:
     """A worker app around an assembled manager; it owns their lifetime from start-up to shutdown.
 
     `prepare` runs on a thread at start-up without delaying it (e.g. importing
     the frameworks the store uses, so the first cold load does not pay for it).
+    With a sidecar, its models are compared with the table every `triton_sync_s`
+    (a restarted sidecar comes back empty; see triton_sync).
     """
     dataplane = DataPlane(manager, metrics, triton)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         preparing = asyncio.create_task(_prepare_then_set(prepare, prepared))
-        pinned = asyncio.create_task(manager.keep_pinned_loaded(pinned_check_s)) if load_pinned else None
+        background = []
+        if load_pinned:
+            background.append(asyncio.create_task(manager.keep_pinned_loaded(pinned_check_s)))
+        if triton.configured:
+            background.append(asyncio.create_task(triton_sync.keep_in_sync(manager, triton, triton_sync_s)))
         try:
             yield
         finally:
             await asyncio.gather(preparing, return_exceptions=True)
-            if pinned is not None:
-                pinned.cancel()
-                await asyncio.gather(pinned, return_exceptions=True)
+            for task in background:
+                task.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
             await manager.close()
             await triton.aclose()
 

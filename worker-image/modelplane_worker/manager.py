@@ -47,7 +47,7 @@ from typing import AsyncIterator, Awaitable, Callable, Iterable, Protocol
 
 from modelplane_common import errors
 from modelplane_common.quantity import format_bytes
-from modelplane_common.spec import ModelSpec
+from modelplane_common.spec import Framework, ModelSpec
 from modelplane_common.wire import CopyState
 from modelplane_worker import engine, eviction
 from modelplane_worker.frameworks.base import FrameworkWorker, WorkerContext
@@ -56,6 +56,7 @@ from modelplane_worker.store import ModelStore
 log = logging.getLogger(__name__)
 
 Preflight = Callable[[ModelSpec], Awaitable[None]]
+HeldModels = Callable[[], Awaitable["set[str] | None"]]
 WorkerFactory = Callable[[ModelSpec, WorkerContext], FrameworkWorker]
 
 
@@ -458,6 +459,37 @@ class ModelManager:
         self._observer.model_bytes(copy.spec, None)
         self._observer.memory_used(self.used_bytes())
         copy.gone.set_result(None)
+
+    # ----- a backend that lost its models ----------------------------------
+
+    async def forget_lost_copies(self, framework: Framework, held_now: HeldModels) -> list[str]:
+        """Drop READY copies of `framework` that their backend no longer holds; the ids dropped.
+
+        A Triton sidecar that restarted comes back empty while the table still
+        says READY. `held_now` asks the backend what it holds (None: it did not
+        answer, so nothing is concluded). Only copies loaded before the question
+        was asked can be missing from its answer. A dropped copy goes the way of
+        an unload (its requests finish, its bytes stop counting, the next
+        request or the pinned loader loads it again).
+        """
+        if not any(c.state is CopyState.READY and c.spec.framework is framework for c in self._copies.values()):
+            return []
+        asked_at = self._clock()
+        held = await held_now()
+        if held is None:
+            return []
+        async with self._lock:
+            lost = [
+                copy for key, copy in self._copies.items()
+                if copy.state is CopyState.READY and copy.spec.framework is framework
+                and copy.loaded_at <= asked_at and key not in held
+            ]
+            for copy in lost:
+                log.warning("%s no longer holds %s (restarted?); dropping it so it loads again", framework.value, copy.spec.id)
+                self._begin_unload_locked(copy, evicted=False)
+        if lost:
+            self._observer.memory_used(self.used_bytes())
+        return sorted(copy.spec.id for copy in lost)
 
     # ----- lifecycle -----------------------------------------------------
 

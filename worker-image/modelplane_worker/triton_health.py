@@ -51,6 +51,18 @@ class TritonHealth:
         self._checked_at = time.monotonic()
         return self._ready
 
+    async def held_models(self) -> set[str] | None:
+        """Names of the models the sidecar has READY (its repository index); None when it does not answer."""
+        if self._client is None:
+            return None
+        try:
+            response = await self._client.post("/v2/repository/index", json={"ready": True})
+            if response.status_code != 200:
+                return None
+            return {entry["name"] for entry in response.json() if entry.get("state") == "READY"}
+        except (httpx.HTTPError, ValueError, TypeError, KeyError, AttributeError):
+            return None  # no answer, or not an index: conclude nothing
+
     async def require(self, spec: ModelSpec) -> None:
         """Raise 503 for a triton model when the sidecar is missing or down; others pass."""
         if spec.framework is not Framework.TRITON:

@@ -10,8 +10,10 @@ install-k8s:
 run: install
 	.venv/bin/python scripts/local_stack.py
 
+# Unit and integration suites, then the local e2e tier (also what .ci/run runs).
 test: install install-k8s
 	.venv/bin/pytest -q tests
+	.venv/bin/pytest -q e2e/local -rs
 
 # The local e2e tier: real control plane + node agent, the chart, the scenarios (docs/e2e.md).
 e2e: install install-k8s

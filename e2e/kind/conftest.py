@@ -36,7 +36,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session")
 def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KindPlatform]:
     models_dir = (REPO / "build" / "models").resolve()
-    subprocess.run([sys.executable, "-m", "modelplane_worker.samples", "--out", str(models_dir)], check=True, timeout=900)
+    subprocess.run([str(Path(sys.executable).parent / "modelplane-samples"), "--out", str(models_dir)], check=True,
+                   timeout=900)
     delete_cluster()  # a cluster left by an interrupted run
     cluster = create_cluster(tmp_path_factory.mktemp("kind"), models_dir)
     installed = KindPlatform(cluster)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import threading
 import time
 from dataclasses import dataclass
@@ -31,7 +30,7 @@ from nodeagent.commands import (PodRewriter, UnmappedImage, container_mounts, ex
 from nodeagent.containers import ContainerRunner
 from nodeagent.environment import EnvBuilder, host_base
 from nodeagent.nodes import NodeConfig, PodAddresses
-from nodeagent.volumes import VolumeError, VolumeMaker
+from nodeagent.volumes import VolumeMaker
 
 log = logging.getLogger("nodeagent.pods")
 
@@ -53,13 +52,20 @@ class AgentContext:
     pvc_root: Path | None
 
 
-def pod_kubeconfig(admin: dict[str, Any], token: str | None) -> dict[str, Any]:
-    """The admin kubeconfig's cluster with the pod's own token (admin creds if none)."""
+def pod_kubeconfig(admin: dict[str, Any], token: str | None, mounted: bool = True) -> dict[str, Any]:
+    """The admin kubeconfig's cluster with the pod's own token.
+
+    No token mounted (automountServiceAccountToken: false): no credentials at all.
+    A token that could not be issued: the admin's, with a warning in the agent's log.
+    """
     context_name = admin.get("current-context")
     context = next(c for c in admin["contexts"] if c["name"] == context_name)["context"]
     cluster = next(c for c in admin["clusters"] if c["name"] == context["cluster"])
     user = next(u for u in admin["users"] if u["name"] == context["user"])
-    pod_user = {"name": "pod", "user": {"token": token}} if token else {**user, "name": "pod"}
+    if not mounted:
+        pod_user: dict[str, Any] = {"name": "pod", "user": {}}
+    else:
+        pod_user = {"name": "pod", "user": {"token": token}} if token else {**user, "name": "pod"}
     return {
         "apiVersion": "v1", "kind": "Config", "current-context": "pod",
         "clusters": [{**cluster, "name": "cluster"}],
@@ -139,9 +145,10 @@ class PodRunner(threading.Thread):
         (self.pod_dir / "tmp").mkdir(exist_ok=True)
         self.pod_ip = self.pod_ip or self.addresses.allocate()
         spec = self._pod["spec"]
-        token = self._token(spec)
+        mounted = spec.get("automountServiceAccountToken") is not False
+        token = self._token(spec) if mounted else None
         kubeconfig_path = self.pod_dir / "kubeconfig"
-        kubeconfig_path.write_text(yaml.safe_dump(pod_kubeconfig(self.ctx.admin_kubeconfig, token)))
+        kubeconfig_path.write_text(yaml.safe_dump(pod_kubeconfig(self.ctx.admin_kubeconfig, token, mounted)))
         self._volumes = VolumeMaker(self._core, self._pod, self.pod_dir, self.ctx.pvc_root, token or "")
         volume_dirs = self._volumes.make_all(spec.get("volumes") or [])
         base = host_base(self.ctx.venv_bin, self.pod_dir)
@@ -272,12 +279,3 @@ class PodRunner(threading.Thread):
                 log.warning("final delete of %s/%s failed: %s", self.namespace, self.pod_name, err.reason)
         except Exception:  # noqa: BLE001 - reported, the pod then stays Terminating for a human to see
             log.exception("final delete of %s/%s failed", self.namespace, self.pod_name)
-
-    def stop_now(self) -> None:
-        """Agent shutdown: stop the processes, leave the pod object alone."""
-        self.request_stop(2.0, delete=False)
-        self.join(timeout=30)
-
-
-def remove_pod_dir(pod_dir: Path) -> None:
-    shutil.rmtree(pod_dir, ignore_errors=True)

@@ -126,13 +126,16 @@ class KindPlatform:
         argv = [tool("helm"), "template", RELEASE, str(CHART), "--namespace", self.namespace, "--include-crds",
                 "-f", str(VALUES)]
         for key, value in self.overrides.items():
-            argv += ["--set", f"{key}={value}"]
+            argv += ["--set-string", f"{key}={value}"]
         manifest = post_render(run(*argv, timeout=120), f"{RELEASE}-router", "router", ROUTER_TUNING)
         self.cluster.kubectl("apply", "--server-side", "--force-conflicts", "-n", self.namespace, "-f", "-",
                             input=manifest, timeout=180)
 
     def set_pool_size(self, pods: int) -> None:
         self.install(**{"workers.pool.minPods": pods})
+
+    def set_memory_budget(self, budget_bytes: int) -> None:
+        self.install(**{"workers.memoryBudget": budget_bytes})
 
     def wait_installed(self, timeout: float = 600) -> None:
         for component in ("operator", "router"):

@@ -34,7 +34,7 @@ def render_chart(cluster: KubeCluster, overrides: dict[str, Any]) -> str:
         raise RuntimeError("helm is missing: run `make install-k8s`")
     argv = [str(helm), "template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--include-crds", "-f", str(VALUES)]
     for key, value in overrides.items():
-        argv += ["--set", f"{key}={value}"]
+        argv += ["--set-string", f"{key}={value}"]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     if done.returncode != 0:
         raise RuntimeError(f"helm template failed: {done.stderr.strip()}")
@@ -64,6 +64,9 @@ class LocalPlatform:
 
     def set_pool_size(self, pods: int) -> None:
         self.install(**{"workers.pool.minPods": pods})
+
+    def set_memory_budget(self, budget_bytes: int) -> None:
+        self.install(**{"workers.memoryBudget": budget_bytes})
 
     def _ready_pod(self, selector: str) -> dict[str, Any]:
         pods = [p for p in self.kube.items("pods", "-l", selector) if is_true(p, "Ready") and not p["metadata"].get("deletionTimestamp")]

@@ -38,6 +38,9 @@ class Platform(Protocol):
     def set_pool_size(self, pods: int) -> None:
         """Re-install the chart with a different shared-pool size."""
 
+    def set_memory_budget(self, budget_bytes: int) -> None:
+        """Re-install the chart with a different memory budget per worker pod."""
+
 
 def wait_for(what: str, check: Callable[[], Any], timeout: float, interval: float = 0.5,
              show: Callable[[], Any] | None = None) -> Any:

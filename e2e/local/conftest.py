@@ -55,10 +55,12 @@ def agent(cluster: kube_cluster_mod.KubeCluster, kube: Kube,
     _state["agent"] = running
     try:
         def nodes_ready() -> bool:
+            # The node lifecycle controller taints a new node not-ready until it has seen it Ready.
             nodes = kube.items("nodes")
-            return len(nodes) == len(NODES) and all(condition(n, "Ready") == "True" for n in nodes)
+            return len(nodes) == len(NODES) and all(
+                condition(n, "Ready") == "True" and not n["spec"].get("taints") for n in nodes)
 
-        wait_for("the agent's nodes to be Ready", nodes_ready, timeout=60)
+        wait_for("the agent's nodes to be Ready and untainted", nodes_ready, timeout=90)
         yield running
     finally:
         running.stop()

@@ -26,8 +26,8 @@ VALUES = HERE / "values.yaml"
 CLUSTER = os.environ.get("MODELPLANE_KIND_CLUSTER", "modelplane-e2e")
 RELEASE = "modelplane"
 NAMESPACE = "modelplane"
-IMAGES = {"modelplane-operator:e2e": "Dockerfile.operator", "modelplane-router:e2e": "Dockerfile.router",
-          "modelplane-worker:e2e": "Dockerfile.worker"}
+# The router runs from the control-plane image (Dockerfile.operator) with its own command.
+IMAGES = {"modelplane-operator:e2e": "Dockerfile.operator", "modelplane-worker:e2e": "Dockerfile.worker"}
 NODE_MODELS_DIR = "/models-src"
 
 

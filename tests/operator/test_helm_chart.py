@@ -2,6 +2,7 @@
 operator exactly what it needs: it works under its own ServiceAccount and can do nothing more."""
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import pytest
 import yaml
 
 from modelplane_operator.config import ENV_PREFIX, OperatorConfig
+from modelplane_router import main as router_main
 from modelplane_testing.kube_cluster import KubeCluster
 from modelplane_testing.operator_harness import (Cluster, operator_config, running_operator, served_model,
                                                  service_account_kubeconfig, wait_for)
@@ -36,7 +38,8 @@ def test_helm_lint_passes(kube_cluster: KubeCluster) -> None:
 
 
 def test_rendered_chart_passes_server_side_dry_run(cluster: Cluster) -> None:
-    manifest = _render(cluster, "--set", "workers.modelClaims={models,extra}", "--set", "router.adminTokenSecret=tok")
+    manifest = _render(cluster, "--set", "workers.modelClaims={models,extra}", "--set", "router.adminToken.existingSecret=tok",
+                       "--set", "router.extraEnv[0].name=EXTRA,router.extraEnv[0].value=1")
     result = cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=manifest, check=False)
     assert result.returncode == 0, result.stderr
     created = result.stdout
@@ -114,3 +117,36 @@ def test_chart_settings_are_ones_the_operator_reads(kube_cluster: KubeCluster) -
     config = OperatorConfig.from_env(env, namespace="ml")
     assert (config.gpus_per_pod, config.pod_memory_budget, config.model_claims) == (2, 40 * 2**30, ("models", "extra"))
     assert config.worker_service_account == "modelplane-worker"
+
+
+def _router_env(kube: KubeCluster, *sets: str) -> list[dict]:
+    argv = [arg for value in sets for arg in ("--set", value)]
+    result = _helm(kube, "template", "modelplane", str(CHART), *argv)
+    assert result.returncode == 0, result.stderr
+    router = next(d for d in yaml.safe_load_all(result.stdout)
+                  if d and d["kind"] == "Deployment" and d["metadata"]["name"] == "modelplane-router")
+    return router["spec"]["template"]["spec"]["containers"][0]["env"]
+
+
+def test_router_values_land_in_the_router_env_and_the_router_reads_them(kube_cluster: KubeCluster,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    env = _router_env(kube_cluster, "router.churnGuardSeconds=0", "router.replication.rpsPerCopy=2.5",
+                      "router.replication.idleCopySeconds=3600", "router.syncIntervalSeconds=0.5",
+                      "router.maxBodyBytes=8Mi", "router.logLevel=debug",
+                      "router.adminToken.existingSecret=admin,router.adminToken.key=secret-token")
+    values = {e["name"]: e["value"] for e in env if "value" in e}
+    read_by_router = set(re.findall(r'env\("([A-Z_]+)"', Path(router_main.__file__).read_text()))
+    assert sorted(set(values) - read_by_router) == []
+    for name, value in values.items():
+        monkeypatch.setenv(name, value)
+    args = router_main.parse_args([])
+    assert (args.churn_guard_seconds, args.replicate_rps_per_copy, args.idle_copy_seconds) == (0, 2.5, 3600)
+    assert (args.sync_interval, args.max_body_bytes, args.log_level, args.cluster) == (0.5, "8Mi", "debug", True)
+    token = next(e for e in env if e["name"] == "MODELPLANE_ADMIN_TOKEN")
+    assert token["valueFrom"] == {"secretKeyRef": {"name": "admin", "key": "secret-token"}}
+
+
+def test_router_has_no_admin_token_unless_a_secret_is_named(kube_cluster: KubeCluster) -> None:
+    env = _router_env(kube_cluster, "router.extraEnv[0].name=HTTPS_PROXY,router.extraEnv[0].value=http://proxy:3128")
+    assert "MODELPLANE_ADMIN_TOKEN" not in {e["name"] for e in env}
+    assert {"name": "HTTPS_PROXY", "value": "http://proxy:3128"} in env

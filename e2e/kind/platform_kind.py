@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from scenarios.platform import ROUTER_TUNING, Kube, is_true, models_volume, post_render, wait_for
+from scenarios.platform import Kube, is_true, models_volume, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -127,7 +127,7 @@ class KindPlatform:
                 "-f", str(VALUES)]
         for key, value in self.overrides.items():
             argv += ["--set-string", f"{key}={value}"]
-        manifest = post_render(run(*argv, timeout=120), f"{RELEASE}-router", "router", ROUTER_TUNING)
+        manifest = run(*argv, timeout=120)
         self.cluster.kubectl("apply", "--server-side", "--force-conflicts", "-n", self.namespace, "-f", "-",
                             input=manifest, timeout=180)
 

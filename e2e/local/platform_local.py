@@ -16,7 +16,7 @@ from typing import Any
 
 from agent_process import AgentProcess
 from modelplane_testing.kube_cluster import KubeCluster
-from scenarios.platform import ROUTER_TUNING, Kube, is_true, models_volume, post_render, wait_for
+from scenarios.platform import Kube, is_true, models_volume, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "modelplane"
@@ -58,7 +58,7 @@ class LocalPlatform:
 
     def install(self, **overrides: Any) -> None:
         self.overrides.update(overrides)
-        manifest = post_render(render_chart(self.cluster, self.overrides), "modelplane-router", "router", ROUTER_TUNING)
+        manifest = render_chart(self.cluster, self.overrides)
         self.cluster.kubectl("apply", "--server-side", "--force-conflicts", "-n", self.namespace, "-f", "-",
                             input=manifest, timeout=180)
 

@@ -111,31 +111,6 @@ def sample(name: str) -> dict[str, Any]:
     return yaml.safe_load((SAMPLES_DIR / f"{name}.yaml").read_text())
 
 
-# Router settings the chart does not expose, tuned so the scenarios run in seconds:
-# no churn guard (the LRU scenario evicts models loaded moments before),
-# a low replication threshold (the hot-model scenario's load comes from one
-# test process) and idle copies kept for the whole run.
-ROUTER_TUNING = {
-    "MODELPLANE_ROUTER_CHURN_GUARD_SECONDS": "0",
-    "MODELPLANE_ROUTER_REPLICATE_RPS": "2",
-    "MODELPLANE_ROUTER_REPLICATE_INFLIGHT": "1",
-    "MODELPLANE_ROUTER_REPLICATE_WINDOW": "3",
-    "MODELPLANE_ROUTER_IDLE_COPY_SECONDS": "3600",
-}
-
-
-def post_render(manifest: str, deployment: str, container: str, env: dict[str, str]) -> str:
-    """Add env to one container of one rendered Deployment (what `helm --post-renderer` would do)."""
-    documents = [d for d in yaml.safe_load_all(manifest) if d]
-    for document in documents:
-        if document.get("kind") == "Deployment" and document["metadata"]["name"] == deployment:
-            for spec in document["spec"]["template"]["spec"]["containers"]:
-                if spec["name"] == container:
-                    spec["env"] = [e for e in spec.get("env", []) if e["name"] not in env]
-                    spec["env"] += [{"name": k, "value": v} for k, v in env.items()]
-    return yaml.safe_dump_all(documents)
-
-
 def models_volume(models_dir: Path, namespace: str) -> str:
     text = (SAMPLES_DIR / "models-volume.yaml").read_text()
     return text.replace("${MODELS_DIR}", str(models_dir)).replace("${NAMESPACE}", namespace)

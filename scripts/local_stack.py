@@ -15,92 +15,16 @@ import json
 import os
 import shutil
 import signal
-import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Iterator, Sequence
 
-import httpx
-
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
+sys.path.insert(0, str(ROOT / "tests"))  # the process helpers the tests and benchmarks use too
 
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@dataclasses.dataclass
-class Process:
-    """A child process started by this module, with its log file."""
-
-    name: str
-    popen: subprocess.Popen
-    log_path: Path
-    url: str = ""
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-    def log_tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
-
-    def stop(self, timeout_s: float = 10.0) -> None:
-        """SIGTERM, then SIGKILL after `timeout_s`, of this pid only."""
-        if self.popen.poll() is not None:
-            return
-        self.popen.send_signal(signal.SIGTERM)
-        try:
-            self.popen.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            self.popen.kill()
-            self.popen.wait(5)
-
-    def kill(self) -> None:
-        """SIGKILL, as a crash would."""
-        if self.popen.poll() is None:
-            self.popen.kill()
-            self.popen.wait(5)
-
-
-def spawn(name: str, argv: Sequence[str], log_dir: Path, env: dict[str, str] | None = None, url: str = "") -> Process:
-    log_dir.mkdir(parents=True, exist_ok=True)
-    log_path = log_dir / f"{name}.log"
-    log_file = open(log_path, "wb")
-    full_env = dict(os.environ)
-    full_env.update(env or {})
-    popen = subprocess.Popen(list(argv), stdout=log_file, stderr=subprocess.STDOUT, env=full_env, cwd=ROOT)
-    log_file.close()
-    return Process(name, popen, log_path, url)
-
-
-def wait_http(process: Process, path: str, deadline_s: float = 60.0, expect: int = 200) -> None:
-    """Poll `process.url + path` until it answers `expect`; fail with the log if it dies or times out."""
-    end = time.monotonic() + deadline_s
-    last = ""
-    while time.monotonic() < end:
-        if not process.alive():
-            raise RuntimeError(f"{process.name} exited with {process.popen.returncode}:\n{process.log_tail()}")
-        try:
-            response = httpx.get(process.url + path, timeout=2.0)
-            if response.status_code == expect:
-                return
-            last = f"HTTP {response.status_code} {response.text[:200]}"
-        except httpx.HTTPError as exc:
-            last = repr(exc)
-        time.sleep(0.1)
-    raise TimeoutError(f"{process.name} not ready at {process.url + path} after {deadline_s}s ({last}):\n{process.log_tail()}")
+from modelplane_testing.processes import Process, free_port, spawn, wait_http  # noqa: E402
 
 
 def start_triton(name: str, repository: Path, log_dir: Path) -> Process:
@@ -109,7 +33,7 @@ def start_triton(name: str, repository: Path, log_dir: Path) -> Process:
     http_port = free_port()
     argv = [str(BIN / "modelplane-triton"), "--model-repository", str(repository), "--host", "127.0.0.1",
             "--http-port", str(http_port), "--grpc-port", str(free_port()), "--metrics-port", str(free_port())]
-    return spawn(name, argv, log_dir, url=f"http://127.0.0.1:{http_port}")
+    return spawn(name, argv, log_dir / f"{name}.log", url=f"http://127.0.0.1:{http_port}")
 
 
 def start_worker(
@@ -133,7 +57,7 @@ def start_worker(
     if triton_repository is not None:
         argv += ["--triton-repository", str(triton_repository)]
     argv += list(extra_args)
-    return spawn(name, argv, log_dir, url=f"http://{host}:{port}")
+    return spawn(name, argv, log_dir / f"{name}.log", url=f"http://{host}:{port}")
 
 
 def start_router(
@@ -149,7 +73,7 @@ def start_router(
     if model_store is not None:
         argv += ["--model-store", str(model_store)]
     argv += list(extra_args)
-    return spawn(name, argv, log_dir, url=f"http://127.0.0.1:{port}")
+    return spawn(name, argv, log_dir / f"{name}.log", url=f"http://127.0.0.1:{port}")
 
 
 @dataclasses.dataclass

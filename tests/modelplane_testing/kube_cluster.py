@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from modelplane_testing import pki as pki_mod
+from modelplane_testing.processes import free_port
 
 DEFAULT_K8S_VERSION = "v1.36.3"
 CONTROL_PLANE = ("kube-apiserver", "kube-controller-manager", "kube-scheduler")
@@ -99,12 +100,6 @@ def find_binaries() -> Binaries:
         kube_scheduler=found["kube-scheduler"], kubectl=found["kubectl"],  # type: ignore[arg-type]
         helm=helm if os.access(helm, os.X_OK) else None,
     )
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass

@@ -6,10 +6,6 @@ deadline, and are stopped when the context exits, failure or not.
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -17,11 +13,11 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-import httpx
 import uvicorn
 from fastapi import FastAPI
 
 from modelplane_testing import ballast_framework as ballast
+from modelplane_testing.processes import REPO, free_port, spawn, wait_http
 from modelplane_worker import api, eviction
 from modelplane_worker.manager import ModelManager
 from modelplane_worker.metrics import WorkerMetrics
@@ -29,13 +25,7 @@ from modelplane_worker.frameworks.base import WorkerContext
 from modelplane_worker.store import ModelStore
 from modelplane_worker.triton_health import TritonHealth
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+__all__ = ["REPO", "ballast_app", "free_port", "serve_in_thread", "wait_until", "worker_process"]
 
 
 def wait_until(condition, timeout_s: float = 30.0, interval_s: float = 0.02, what: str = "condition") -> Any:
@@ -88,33 +78,19 @@ def serve_in_thread(app: FastAPI) -> Iterator[str]:
 
 @contextlib.contextmanager
 def worker_process(args: list[str], env: dict[str, str] | None = None, timeout_s: float = 60.0) -> Iterator[str]:
-    """Run the real ``modelplane-worker`` CLI on a free loopback port; yields its base URL."""
+    """Run the real ``modelplane-worker`` CLI on a free loopback port; yields its base URL.
+
+    Its log goes to stderr when anything fails, the test's own assertions included.
+    """
     port = free_port()
     command = [sys.executable, "-m", "modelplane_worker.main", "--host", "127.0.0.1", "--port", str(port), *args]
-    log = tempfile.NamedTemporaryFile("w+", prefix="modelplane-worker-", suffix=".log")
-    process = subprocess.Popen(command, env={**os.environ, **(env or {})}, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until(lambda: process.poll() is not None or _answers(url), timeout_s, 0.1, "the worker to answer")
-        if process.poll() is not None:
-            raise RuntimeError(f"worker exited with {process.returncode}:\n{Path(log.name).read_text()}")
-        yield url
-    except BaseException:
-        print(f"--- worker log ---\n{Path(log.name).read_text()[-5000:]}", file=sys.stderr)
-        raise
-    finally:
-        if process.poll() is None:
-            os.kill(process.pid, signal.SIGTERM)
-            try:
-                process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.kill(process.pid, signal.SIGKILL)
-                process.wait()
-        log.close()
-
-
-def _answers(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/v2/health/live", timeout=1).status_code == 200
-    except httpx.HTTPError:
-        return False
+    with tempfile.TemporaryDirectory(prefix="modelplane-worker-") as scratch:
+        worker = spawn("worker", command, Path(scratch) / "worker.log", env=env, url=f"http://127.0.0.1:{port}",
+                       stop_timeout_s=15)
+        try:
+            with worker:
+                wait_http(worker, "/v2/health/live", timeout_s, tail_lines=10_000)
+                yield worker.url
+        except BaseException:
+            print(f"--- worker log ---\n{worker.log()[-5000:]}", file=sys.stderr)
+            raise

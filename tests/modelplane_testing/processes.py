@@ -1,0 +1,133 @@
+"""Child processes for tests, benchmarks and the local stack: started with a log file, stopped by pid.
+
+One place for what every harness here does with a real server process:
+start it with its output in a log file, poll its HTTP endpoint until it
+answers (failing early, with the log's tail, if it exits), and stop it by
+pid — SIGTERM, a grace period, then SIGKILL. A process started in its own
+session (``own_session=True``) is signalled as a process group, so whatever
+it spawned goes with it.
+
+    with spawn("worker", argv, log_dir / "worker.log", url=url, own_session=True) as worker:
+        wait_http(worker, "/v2/health/ready", 120)
+        ...                                   # stopped on exit, failure or not
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Sequence
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_ports(count: int) -> list[int]:
+    """Distinct free TCP ports on 127.0.0.1 (held open together so they differ)."""
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) for _ in range(count)]
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1."""
+    return free_ports(1)[0]
+
+
+@dataclasses.dataclass
+class Process:
+    """A child process with its log file (and, for a server, its base URL); a context manager that stops it."""
+
+    name: str
+    popen: subprocess.Popen[bytes]
+    log_path: Path
+    url: str = ""
+    own_session: bool = False
+    stop_timeout_s: float = 10.0
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def log_tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log().splitlines()[-lines:])
+
+    def _signal(self, signum: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            if self.own_session:
+                os.killpg(self.popen.pid, signum)
+            else:
+                self.popen.send_signal(signum)
+
+    def stop(self, timeout_s: float | None = None) -> None:
+        """SIGTERM, then SIGKILL after `timeout_s` (default `stop_timeout_s`): this pid, or its group."""
+        if self.popen.poll() is not None:
+            return
+        self._signal(signal.SIGTERM)
+        try:
+            self.popen.wait(self.stop_timeout_s if timeout_s is None else timeout_s)
+        except subprocess.TimeoutExpired:
+            self._signal(signal.SIGKILL)
+            self.popen.wait(10)
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would."""
+        if self.popen.poll() is None:
+            self._signal(signal.SIGKILL)
+            self.popen.wait(10)
+
+    def __enter__(self) -> Process:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+
+def spawn(name: str, argv: Sequence[str], log_path: Path, *, env: dict[str, str] | None = None, url: str = "",
+          own_session: bool = False, stop_timeout_s: float = 10.0, append: bool = False, cwd: Path = REPO) -> Process:
+    """Start `argv` with stdout and stderr in `log_path` and `env` added to this environment."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("ab" if append else "wb") as log:
+        popen = subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                 env={**os.environ, **(env or {})}, cwd=cwd, start_new_session=own_session)
+    return Process(name, popen, log_path, url, own_session, stop_timeout_s)
+
+
+def wait_http(process: Process, path: str, deadline_s: float = 60.0, expect: int = 200, tail_lines: int = 40) -> None:
+    """Poll `process.url + path` until it answers `expect`.
+
+    Raises RuntimeError with the log's tail as soon as the process exits, and
+    TimeoutError (with the last answer and the tail) after `deadline_s`.
+    """
+    end = time.monotonic() + deadline_s
+    last = ""
+    while time.monotonic() < end:
+        if not process.alive():
+            raise RuntimeError(f"{process.name} exited with {process.popen.returncode}:\n{process.log_tail(tail_lines)}")
+        try:
+            response = httpx.get(process.url + path, timeout=2.0)
+            if response.status_code == expect:
+                return
+            last = f"HTTP {response.status_code} {response.text[:200]}"
+        except httpx.HTTPError as exc:
+            last = repr(exc)
+        time.sleep(0.1)
+    raise TimeoutError(f"{process.name} not ready at {process.url + path} after {deadline_s}s ({last}):\n"
+                       f"{process.log_tail(tail_lines)}")

@@ -1,40 +1,6 @@
 """The issue's scenarios on the local tier: chart-installed modelplane on a real control plane.
 
-The scenario bodies live in e2e/scenarios/served_models.py (shared with the
-kind tier); they run in this order on one platform (see that module).
+The tests are defined once, in e2e/scenarios/scenario_tests.py, for both tiers;
+importing them here makes pytest collect and run them in this tier, in order.
 """
-from __future__ import annotations
-
-from scenarios import served_models as scenario
-
-
-def test_three_frameworks_served_through_router(platform, sm_kube) -> None:
-    scenario.three_frameworks_served(platform, sm_kube)
-
-
-def test_least_recently_used_model_evicted(platform, sm_kube) -> None:
-    scenario.least_recently_used_evicted(platform, sm_kube)
-
-
-def test_dedicated_group_of_two_ready_after_load(platform, sm_kube) -> None:
-    scenario.dedicated_group_of_two(platform, sm_kube)
-
-
-def test_hot_model_gets_another_copy(platform, sm_kube) -> None:
-    scenario.hot_model_gets_another_copy(platform, sm_kube)
-
-
-def test_killed_worker_leaves_router_and_recovers(platform, sm_kube) -> None:
-    scenario.killed_worker_leaves_and_returns(platform, sm_kube)
-
-
-def test_killed_triton_sidecar_takes_pod_out_until_back(platform, sm_kube) -> None:
-    scenario.killed_triton_sidecar(platform, sm_kube)
-
-
-def test_deleted_model_unloaded_and_gone(platform, sm_kube) -> None:
-    scenario.deleted_model_unloaded(platform, sm_kube)
-
-
-def test_missing_source_reported_nothing_else_disturbed(platform, sm_kube) -> None:
-    scenario.missing_source_reported(platform, sm_kube)
+from scenarios.scenario_tests import *  # noqa: F401,F403

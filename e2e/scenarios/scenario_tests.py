@@ -1,0 +1,43 @@
+"""The issue's scenarios as pytest tests, collected by each tier that star-imports this module.
+
+e2e/local/test_platform_scenarios.py and e2e/kind/test_platform_scenarios.py
+do ``from scenarios.scenario_tests import *``: pytest then runs these tests in
+that tier, on the tier's ``platform`` and ``sm_kube`` fixtures. A new scenario
+is one function in served_models.py and one test here. They run in this
+order on one platform (see served_models.py for why the order matters).
+"""
+from __future__ import annotations
+
+from scenarios import served_models as scenario
+
+
+def test_three_frameworks_served_through_router(platform, sm_kube) -> None:
+    scenario.three_frameworks_served(platform, sm_kube)
+
+
+def test_least_recently_used_model_evicted(platform, sm_kube) -> None:
+    scenario.least_recently_used_evicted(platform, sm_kube)
+
+
+def test_dedicated_group_of_two_ready_after_load(platform, sm_kube) -> None:
+    scenario.dedicated_group_of_two(platform, sm_kube)
+
+
+def test_hot_model_gets_another_copy(platform, sm_kube) -> None:
+    scenario.hot_model_gets_another_copy(platform, sm_kube)
+
+
+def test_killed_worker_leaves_router_and_recovers(platform, sm_kube) -> None:
+    scenario.killed_worker_leaves_and_returns(platform, sm_kube)
+
+
+def test_killed_triton_sidecar_takes_pod_out_until_back(platform, sm_kube) -> None:
+    scenario.killed_triton_sidecar(platform, sm_kube)
+
+
+def test_deleted_model_unloaded_and_gone(platform, sm_kube) -> None:
+    scenario.deleted_model_unloaded(platform, sm_kube)
+
+
+def test_missing_source_reported_nothing_else_disturbed(platform, sm_kube) -> None:
+    scenario.missing_source_reported(platform, sm_kube)

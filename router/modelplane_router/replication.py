@@ -32,6 +32,9 @@ class ReplicationSettings:
 class ModelLimits:
     min_copies: int = 0
     max_copies: int = 1
+    # placement: dedicated: the model's copies are its own pods, which pin it (the operator's
+    # dedicated Deployment has min pods), so the router neither pre-loads nor replicates it.
+    dedicated: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

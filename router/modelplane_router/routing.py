@@ -11,12 +11,16 @@
   leaves the map (connection failure) or the copy is skipped until the
   worker's next report (5xx). A worker's 4xx goes back to the client as is.
 - Hot models get copies and lose them again through ``replication``.
+- The control loop leaves ``placement: dedicated`` models alone: their copies
+  are the pods of their own group, which pin them. A background load that
+  fails (no capacity, say) is retried with a doubling back-off, not every pass.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import random
+import time
 from typing import Awaitable, Callable, Mapping
 
 from modelplane_common import errors
@@ -28,6 +32,8 @@ from modelplane_router.telemetry import RouterMetrics
 from modelplane_router.upstream import PodUnreachable, UpstreamResponse, WorkerClient, WorkerError
 
 POST_LOAD_SETTLE_S = 10.0
+FIRST_RETRY_S = 2.0  # back-off after a failed background load (minimum copies, hot copy), doubling
+MAX_RETRY_S = 60.0
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +53,7 @@ class Router:
         rng: random.Random | None = None,
         retry_after_s: int = 5,
         eligible: Callable[[str, str], bool] = lambda model, url: True,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.model_map = model_map
         self.client = client
@@ -58,7 +65,9 @@ class Router:
         self.rng = rng or random.Random()
         self.retry_after_s = retry_after_s
         self.eligible = eligible  # (model, pod url) -> may a new copy go there (dedicated pools)
+        self.clock = clock
         self._loads: dict[str, asyncio.Future[None]] = {}
+        self._retry: dict[str, tuple[float, float]] = {}  # model -> (no background load before, last delay)
         self._background: set[asyncio.Task[None]] = set()
 
     # --- choosing a copy --------------------------------------------------------------
@@ -74,6 +83,8 @@ class Router:
         if not self.model_map.is_known(model):
             if not self.model_map.pods():
                 raise errors.BackendUnavailable("no worker pod is reachable", self.retry_after_s)
+            if self.limits_for(model).dedicated:
+                raise errors.BackendUnavailable(f"no dedicated pod of {model!r} is ready yet", self.retry_after_s)
             raise errors.ModelNotFound(f"model {model!r} is not served by any worker")
 
     async def ready_copies(self, model: str) -> list[str]:
@@ -215,10 +226,13 @@ class Router:
 
     async def reconcile_once(self) -> None:
         """One pass of the control loop: minimum copies first, then hot/idle replication."""
+        now = self.clock()
         for model in sorted(self.model_map.known_models()):
-            if model in self._loads:
+            if model in self._loads or now < self._retry.get(model, (0.0, 0.0))[0]:
                 continue
             limits = self.limits_for(model)
+            if limits.dedicated:
+                continue  # its own pods pin it; it is never placed on a pod of another pool
             ready = self.model_map.ready_copies(model)
             loading = self.model_map.loading_copies(model)
             if len(ready) + len(loading) < limits.min_copies:
@@ -241,13 +255,17 @@ class Router:
             try:
                 await self.ready_copies(model)  # registers its own single-flight load
             except (errors.ModelplaneError, PodUnreachable) as exc:
-                log.warning("could not load %s (%s): %s", model, reason, exc)
+                self._back_off(model, f"could not load {model} ({reason})", exc)
+            else:
+                self._retry.pop(model, None)
 
         async def extra_copy() -> None:
             try:
                 await self.load_on(self.place(model, holders), model)
             except (errors.ModelplaneError, PodUnreachable) as exc:
-                log.warning("could not add a copy of %s (%s): %s", model, reason, exc)
+                self._back_off(model, f"could not add a copy of {model} ({reason})", exc)
+            else:
+                self._retry.pop(model, None)
 
         if not holders:
             self.spawn(first_copy())
@@ -255,6 +273,13 @@ class Router:
         future = asyncio.ensure_future(extra_copy())
         self._loads[model] = future
         future.add_done_callback(lambda f, m=model: self._loads.pop(m, None) if self._loads.get(m) is f else None)
+
+    def _back_off(self, model: str, what: str, exc: Exception) -> None:
+        """No background load of `model` for a while: the condition (no room, say) rarely clears in a second."""
+        _, last = self._retry.get(model, (0.0, 0.0))
+        delay = min(MAX_RETRY_S, max(FIRST_RETRY_S, 2 * last))
+        self._retry[model] = (self.clock() + delay, delay)
+        log.warning("%s: %s; next try in %.0f s", what, exc, delay)
 
     async def _remove_copy(self, model: str, ready: list[str]) -> None:
         candidates = [

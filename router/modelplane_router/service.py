@@ -72,7 +72,7 @@ class RouterService:
         spec = self.discovery.spec_of(model)
         if spec is None:
             return ModelLimits(0, self.settings.default_max_copies)
-        return ModelLimits(spec.replicas.min, spec.replicas.max)
+        return ModelLimits(spec.replicas.min, spec.replicas.max, dedicated=spec.placement == Placement.DEDICATED)
 
     async def start(self) -> None:
         await self.sync.refresh_all()

@@ -42,3 +42,10 @@ def test_shared_models_stay_in_the_shared_pool_and_dedicated_ones_in_their_group
     assert allowed("big") == ["http://big", "http://unlabelled"]
     assert allowed("small") == ["http://shared", "http://unlabelled"]
     assert allowed("no-spec") == ["http://shared", "http://unlabelled"]
+
+
+def test_dedicated_models_are_left_to_their_own_pods_by_the_control_loop():
+    discovery = PoolsDiscovery({"http://big": "big"}, [spec("big", "dedicated"), spec("small", "shared")])
+    service = RouterService(discovery)  # type: ignore[arg-type]
+    assert service.limits_for("big").dedicated
+    assert not service.limits_for("small").dedicated and not service.limits_for("no-spec").dedicated

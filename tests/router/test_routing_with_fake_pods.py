@@ -194,3 +194,67 @@ async def test_a_pod_of_another_pool_never_gets_a_new_copy():
     await router.sync.refresh_all()
     await router.forward("b", "POST", "/predict", b"{}", {})
     assert shared.loads == ["b"] and dedicated.loads == []
+
+
+async def settle(router: Router) -> None:
+    """Wait for the background loads the control loop started."""
+    while router._background:
+        await asyncio.gather(*list(router._background))
+
+
+async def test_control_loop_never_places_a_dedicated_model_and_says_nothing(caplog):
+    # A shared pod whose catalog still lists the model (a store update on its way), and its own
+    # dedicated pod holding one pinned copy of the two it wants: the second comes from the
+    # operator's second dedicated pod, never from the router.
+    shared, own = FakePod("http://shared", 2000 * MiB, CATALOG), FakePod("http://own", 400 * MiB, {"a": 100 * MiB})
+    own.loaded["a"] = 100 * MiB
+    router, model_map, _ = build([shared, own])
+    router.limits_for = lambda m: ModelLimits(2, 2, dedicated=True) if m == "a" else ModelLimits(0, 1)
+    await router.sync.refresh_all()
+    with caplog.at_level("INFO", logger="modelplane_router.routing"):
+        for _ in range(5):
+            await router.reconcile_once()
+            await settle(router)
+        own.loaded.clear()  # no copy anywhere (its pods restarting): still nothing to place
+        await router.sync.refresh_all()
+        for _ in range(5):
+            await router.reconcile_once()
+            await settle(router)
+    assert shared.loads == [] and own.loads == []
+    assert [r.getMessage() for r in caplog.records if "a" in r.getMessage().split()] == []
+
+
+async def test_a_dedicated_model_without_a_ready_pod_is_503_not_404():
+    router, _, _ = build([FakePod("http://shared", 2000 * MiB, CATALOG)])
+    router.limits_for = lambda m: ModelLimits(1, 1, dedicated=True) if m == "big" else ModelLimits(0, 1)
+    await router.sync.refresh_all()
+    with pytest.raises(errors.BackendUnavailable, match="no dedicated pod of 'big' is ready yet"):
+        await router.forward("big", "POST", "/predict", b"{}", {})
+    with pytest.raises(errors.ModelNotFound, match="'nope'"):
+        await router.forward("nope", "POST", "/predict", b"{}", {})
+
+
+async def test_a_minimum_copy_that_cannot_be_placed_is_retried_with_back_off(caplog):
+    pod = FakePod("http://p1", 200 * MiB, CATALOG)  # "b" (300 MiB) fits nowhere
+    router, model_map, _ = build([pod])
+    now = [0.0]
+    router.clock = lambda: now[0]
+    router.limits_for = lambda m: ModelLimits(1, 1) if m == "b" else ModelLimits(0, 1)
+    await router.sync.refresh_all()
+    with caplog.at_level("WARNING", logger="modelplane_router.routing"):
+        for second in range(10):
+            now[0] = float(second)
+            await router.reconcile_once()
+            await settle(router)
+    tries = [r.getMessage() for r in caplog.records if "could not load b (min)" in r.getMessage()]
+    assert [t.rsplit("next try in ", 1)[1] for t in tries] == ["2 s", "4 s", "8 s"]  # at 0 s, 2 s and 6 s
+    pod.budget = 1000 * MiB  # room at last: the next try after the back-off loads it
+    await router.sync.refresh_all()
+    now[0] = 13.0
+    await router.reconcile_once()
+    await settle(router)
+    assert pod.loads == []
+    now[0] = 14.0
+    await router.reconcile_once()
+    await settle(router)
+    assert pod.loads == ["b"] and model_map.ready_copies("b") == ["http://p1"]

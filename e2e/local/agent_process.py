@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+
+from modelplane_testing.processes import Process, spawn
+from scenarios.platform import wait_for
+
+__all__ = ["AgentProcess", "process_alive", "start_agent", "wait_for"]
 
 AGENT = Path(__file__).resolve().parent / "node_agent.py"
 
@@ -21,8 +23,7 @@ AGENT = Path(__file__).resolve().parent / "node_agent.py"
 class AgentProcess:
     state_dir: Path
     nodes: list[str]
-    process: subprocess.Popen[bytes]
-    log_path: Path
+    process: Process
     stopped_pids: list[int] = field(default_factory=list)
 
     def pod_dir(self, namespace: str, pod: str) -> Path:
@@ -39,17 +40,11 @@ class AgentProcess:
         return sorted((self.state_dir / "pods").glob("*/*/*.pid"))
 
     def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        return self.process.log()
 
     def stop(self) -> None:
         """SIGTERM the agent (it stops its pods' processes), then kill any leftover by pid."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
+        self.process.stop(60)
         for pid_file in self.all_pid_files():
             pid = int(pid_file.read_text())
             if process_alive(pid):
@@ -79,21 +74,6 @@ def start_agent(kubeconfig: Path, state_dir: Path, nodes: list[str], gpus: int =
         argv += ["--node", node]
     if pvc_root:
         argv += ["--pvc-root", str(pvc_root)]
-    with log_path.open("ab") as out:
-        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    return AgentProcess(state_dir=state_dir, nodes=nodes, process=process, log_path=log_path)
+    process = spawn("node agent", argv, log_path, append=True)
+    return AgentProcess(state_dir=state_dir, nodes=nodes, process=process)
 
-
-def wait_for(what: str, check: Callable[[], object], timeout: float, interval: float = 0.3) -> object:
-    """Poll check() until it returns something truthy; fail naming what never happened."""
-    deadline = time.monotonic() + timeout
-    last_error: Exception | None = None
-    while time.monotonic() < deadline:
-        try:
-            result = check()
-            if result:
-                return result
-        except Exception as err:  # noqa: BLE001 - a check may fail until the condition holds
-            last_error = err
-        time.sleep(interval)
-    raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}" + (f" (last error: {last_error})" if last_error else ""))

@@ -17,11 +17,7 @@ import base64
 import contextlib
 import io
 import json
-import os
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -32,41 +28,17 @@ from typing import Any, Iterator
 import httpx
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_for(url: str, process: subprocess.Popen, timeout_s: float, log: Path) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"{process.args[2:4]} exited with {process.returncode}:\n{log.read_text()[-3000:]}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url, timeout=1).status_code == 200:
-                return
-        time.sleep(0.1)
-    raise RuntimeError(f"{url} not ready after {timeout_s}s:\n{log.read_text()[-3000:]}")
+from modelplane_testing.processes import free_port, spawn, wait_http  # noqa: E402
 
 
 @contextlib.contextmanager
-def process(command: list[str], ready_url: str, log: Path, timeout_s: float = 120) -> Iterator[None]:
-    with log.open("w") as out:
-        child = subprocess.Popen(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        wait_for(ready_url, child, timeout_s, log)
+def process(name: str, command: list[str], url: str, log: Path, timeout_s: float = 120) -> Iterator[None]:
+    """`command` in its own session, until `url`/v2/health/ready answers; its group is stopped on exit."""
+    with spawn(name, command, log, url=url, own_session=True, stop_timeout_s=20) as child:
+        wait_http(child, "/v2/health/ready", timeout_s)
         yield
-    finally:
-        if child.poll() is None:
-            os.killpg(child.pid, signal.SIGTERM)
-            try:
-                child.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(child.pid, signal.SIGKILL)
-                child.wait()
 
 
 def sample_png() -> str:
@@ -162,9 +134,9 @@ def main() -> None:
             command = [python, "-m", "modelplane_worker.triton_sidecar", "--model-repository", str(repository),
                        "--http-port", str(ports[0]), "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2])]
             try:
-                stack.enter_context(process(command, f"http://127.0.0.1:{ports[0]}/v2/health/ready", scratch / "triton.log"))
+                stack.enter_context(process("triton", command, f"http://127.0.0.1:{ports[0]}", scratch / "triton.log"))
                 triton_url, triton_note = f"127.0.0.1:{ports[0]}", ""
-            except RuntimeError as exc:
+            except (RuntimeError, TimeoutError) as exc:
                 triton_note = f"sidecar did not start, triton models skipped: {str(exc).splitlines()[0]}"
         if not triton_url:
             models = [m for m in models if m["framework"] != "triton"]
@@ -172,7 +144,7 @@ def main() -> None:
         command = [python, "-m", "modelplane_worker.main", "--model-store", str(store), "--host", "127.0.0.1",
                    "--port", str(port), "--memory-budget", "4Gi", "--triton-url", triton_url,
                    "--triton-repository", str(repository), "--pod-name", "bench"]
-        stack.enter_context(process(command, f"http://127.0.0.1:{port}/v2/health/ready", scratch / "worker.log"))
+        stack.enter_context(process("worker", command, f"http://127.0.0.1:{port}", scratch / "worker.log"))
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=300) as client:
             warm_model, *others = models
             for other in others:  # first loads pay one-time imports: not what this measures

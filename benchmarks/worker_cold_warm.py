@@ -24,9 +24,7 @@ import contextlib
 import io
 import json
 import os
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -37,42 +35,24 @@ import httpx
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))  # the sidecar and worker start as in the tests
+
+from modelplane_testing.processes import free_port, spawn, wait_http  # noqa: E402
+from modelplane_testing.triton import start_tritonserver  # noqa: E402
 
 
 @contextlib.contextmanager
 def worker_process(store: Path, triton_url: str, repository: Path, log: Path) -> Iterator[str]:
     """modelplane-worker on a free loopback port; stopped by pid (its session) on exit."""
-    from modelplane_testing.triton import free_ports
-
-    (port,) = free_ports(1)
+    port = free_port()
     command = [sys.executable, "-m", "modelplane_worker.main", "--model-store", str(store), "--host", "127.0.0.1",
                "--port", str(port), "--memory-budget", "4Gi", "--triton-url", triton_url,
                "--triton-repository", str(repository), "--pod-name", "bench", "--min-residency-s", "0",
                "--log-level", "warning"]
-    with log.open("w") as out:
-        child = subprocess.Popen(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                 env=dict(os.environ, HF_HUB_OFFLINE="1"))
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            if child.poll() is not None:
-                raise RuntimeError(f"worker exited with {child.returncode}:\n{log.read_text()[-3000:]}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/v2/health/ready", timeout=1).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"worker not ready after 180 s:\n{log.read_text()[-3000:]}")
-            time.sleep(0.1)
-        yield url
-    finally:
-        if child.poll() is None:
-            os.killpg(child.pid, signal.SIGTERM)
-            try:
-                child.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(child.pid, signal.SIGKILL)
-                child.wait()
+    with spawn("worker", command, log, env={"HF_HUB_OFFLINE": "1"}, url=f"http://127.0.0.1:{port}",
+               own_session=True, stop_timeout_s=20) as worker:
+        wait_http(worker, "/v2/health/ready", 180)
+        yield worker.url
 
 
 def png_base64(rgb: tuple[int, int, int]) -> tuple[str, bytes]:
@@ -168,10 +148,8 @@ def main() -> None:
     parser.add_argument("--json-out", type=Path)
     args = parser.parse_args()
 
-    sys.path.insert(0, str(REPO / "tests"))  # modelplane_testing.triton starts the sidecar like the tests do
     import tritonclient.http as triton_http
 
-    from modelplane_testing.triton import start_tritonserver
     from modelplane_worker import samples
 
     store = samples.generate(REPO / "build" / "models")

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from modelplane_testing import pki as pki_mod
-from modelplane_testing.processes import free_port
+from modelplane_testing.processes import Process, free_port, spawn
 
 DEFAULT_K8S_VERSION = "v1.36.3"
 CONTROL_PLANE = ("kube-apiserver", "kube-controller-manager", "kube-scheduler")
@@ -111,7 +111,7 @@ class KubeCluster:
     server: str
     binaries: Binaries
     pids: dict[str, int] = field(default_factory=dict)
-    _procs: dict[str, subprocess.Popen] = field(default_factory=dict, repr=False)
+    _procs: dict[str, Process] = field(default_factory=dict, repr=False)
 
     def env(self) -> dict[str, str]:
         """Environment for child processes (kubectl, helm, an operator) aimed at this cluster."""
@@ -133,14 +133,7 @@ class KubeCluster:
     def stop(self) -> None:
         """Stop every component by pid, newest first (etcd last); SIGKILL what ignores SIGTERM."""
         for name in reversed(list(self._procs)):
-            proc = self._procs[name]
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=5)
+            self._procs[name].stop()
         self._procs.clear()
 
 
@@ -165,21 +158,18 @@ current-context: modelplane-test
 
 
 def _spawn(cluster: KubeCluster, name: str, argv: list[str]) -> None:
-    log_path = cluster.workdir / "logs" / f"{name}.log"
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
-    cluster._procs[name] = proc
-    cluster.pids[name] = proc.pid
+    process = spawn(name, argv, cluster.workdir / "logs" / f"{name}.log", append=True, own_session=True,
+                    stop_timeout_s=15, cwd=None)
+    cluster._procs[name] = process
+    cluster.pids[name] = process.pid
 
 
 def _poll(cluster: KubeCluster, what: str, check, deadline: float) -> None:
     """Poll `check()` until true; fail early, with the log tail, if a component died."""
     while time.monotonic() < deadline:
         for name, proc in cluster._procs.items():
-            if proc.poll() is not None:
-                raise RuntimeError(f"{name} exited with {proc.returncode} while waiting for {what}:\n"
+            if not proc.alive():
+                raise RuntimeError(f"{name} exited with {proc.popen.returncode} while waiting for {what}:\n"
                                    f"{cluster.log(name)[-3000:]}")
         if check():
             return
@@ -345,7 +335,7 @@ def main() -> None:
     signal.signal(signal.SIGINT, _interrupt)
     signal.signal(signal.SIGTERM, _interrupt)
     try:
-        while not stop and all(p.poll() is None for p in cluster._procs.values()):
+        while not stop and all(p.alive() for p in cluster._procs.values()):
             time.sleep(0.5)
     finally:
         cluster.stop()

@@ -101,8 +101,11 @@ class Process:
 
 
 def spawn(name: str, argv: Sequence[str], log_path: Path, *, env: dict[str, str] | None = None, url: str = "",
-          own_session: bool = False, stop_timeout_s: float = 10.0, append: bool = False, cwd: Path = REPO) -> Process:
-    """Start `argv` with stdout and stderr in `log_path` and `env` added to this environment."""
+          own_session: bool = False, stop_timeout_s: float = 10.0, append: bool = False, cwd: Path | None = REPO) -> Process:
+    """Start `argv` with stdout and stderr in `log_path` and `env` added to this environment.
+
+    `cwd` is the repository root unless given (None: this process's own).
+    """
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab" if append else "wb") as log:
         popen = subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

@@ -221,33 +221,31 @@ def _start_apiserver(cluster: KubeCluster, pki: pki_mod.Pki, etcd_url: str, port
     ])
 
 
-def _start_controller_manager(cluster: KubeCluster, pki: pki_mod.Pki) -> int:
+def _start_controller(cluster: KubeCluster, name: str, binary: Path, cert_dir: str, flags: list[str]) -> int:
+    """kube-controller-manager or kube-scheduler: the admin kubeconfig, a free loopback port, no leader election."""
     port = free_port()
     kubeconfig = str(cluster.kubeconfig)
-    _spawn(cluster, "kube-controller-manager", [
-        str(cluster.binaries.kube_controller_manager),
+    _spawn(cluster, name, [
+        str(binary),
         f"--kubeconfig={kubeconfig}", f"--authentication-kubeconfig={kubeconfig}",
         f"--authorization-kubeconfig={kubeconfig}",
-        "--bind-address=127.0.0.1", f"--secure-port={port}", f"--cert-dir={cluster.workdir / 'kcm-certs'}",
-        "--leader-elect=false", f"--service-account-private-key-file={pki.sa_key}",
-        f"--root-ca-file={pki.ca_cert}", f"--cluster-signing-cert-file={pki.ca_cert}",
-        f"--cluster-signing-key-file={pki.ca_key}", f"--service-cluster-ip-range={SERVICE_CIDR}",
-        "--use-service-account-credentials=false", "--profiling=false", "-v=1",
+        "--bind-address=127.0.0.1", f"--secure-port={port}", f"--cert-dir={cluster.workdir / cert_dir}",
+        "--leader-elect=false", *flags, "--profiling=false", "-v=1",
     ])
     return port
+
+
+def _start_controller_manager(cluster: KubeCluster, pki: pki_mod.Pki) -> int:
+    return _start_controller(cluster, "kube-controller-manager", cluster.binaries.kube_controller_manager, "kcm-certs", [
+        f"--service-account-private-key-file={pki.sa_key}",
+        f"--root-ca-file={pki.ca_cert}", f"--cluster-signing-cert-file={pki.ca_cert}",
+        f"--cluster-signing-key-file={pki.ca_key}", f"--service-cluster-ip-range={SERVICE_CIDR}",
+        "--use-service-account-credentials=false",
+    ])
 
 
 def _start_scheduler(cluster: KubeCluster) -> int:
-    port = free_port()
-    kubeconfig = str(cluster.kubeconfig)
-    _spawn(cluster, "kube-scheduler", [
-        str(cluster.binaries.kube_scheduler),
-        f"--kubeconfig={kubeconfig}", f"--authentication-kubeconfig={kubeconfig}",
-        f"--authorization-kubeconfig={kubeconfig}",
-        "--bind-address=127.0.0.1", f"--secure-port={port}", f"--cert-dir={cluster.workdir / 'sched-certs'}",
-        "--leader-elect=false", "--profiling=false", "-v=1",
-    ])
-    return port
+    return _start_controller(cluster, "kube-scheduler", cluster.binaries.kube_scheduler, "sched-certs", [])
 
 
 def start(workdir: Path | None = None, timeout: float = 180.0, manifests: Sequence[Path] = ()) -> KubeCluster:

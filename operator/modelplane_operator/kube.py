@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from kubernetes import client, config as kube_config
 from kubernetes.client.exceptions import ApiException
@@ -60,6 +60,14 @@ def connect() -> client.ApiClient:
     return client.ApiClient(configuration)
 
 
+def _server_side_apply(patch: Callable[..., Any], manifest: dict[str, Any]) -> str:
+    """Server-side apply `manifest` through a patch_namespaced_* call, as this operator's field manager."""
+    meta = manifest["metadata"]
+    result = patch(meta["name"], meta["namespace"], manifest, field_manager=FIELD_MANAGER, force=True,
+                   _content_type="application/apply-patch+yaml")
+    return result.metadata.resource_version
+
+
 class Kube:
     def __init__(self, api: client.ApiClient) -> None:
         self._apps = client.AppsV1Api(api)
@@ -68,18 +76,11 @@ class Kube:
 
     def apply_deployment(self, deployment: dict[str, Any]) -> str:
         """Create or converge a Deployment; returns its resourceVersion after the call."""
-        meta = deployment["metadata"]
-        result = self._apps.patch_namespaced_deployment(
-            meta["name"], meta["namespace"], deployment, field_manager=FIELD_MANAGER, force=True,
-            _content_type="application/apply-patch+yaml")
-        return result.metadata.resource_version
+        return _server_side_apply(self._apps.patch_namespaced_deployment, deployment)
 
     def apply_configmap(self, configmap: dict[str, Any]) -> str:
-        meta = configmap["metadata"]
-        result = self._core.patch_namespaced_config_map(
-            meta["name"], meta["namespace"], configmap, field_manager=FIELD_MANAGER, force=True,
-            _content_type="application/apply-patch+yaml")
-        return result.metadata.resource_version
+        """Create or converge a ConfigMap; returns its resourceVersion after the call."""
+        return _server_side_apply(self._core.patch_namespaced_config_map, configmap)
 
     def deployment_version(self, namespace: str, name: str) -> str | None:
         try:

@@ -1,4 +1,4 @@
-"""The worker's readiness holds while Triton loads models through it.
+"""The worker's readiness, and inference on loaded Triton models, hold while Triton loads another model.
 
 Found by e2e: during an explicit load, the worker's `/v2/health/ready` and
 `/status` said the sidecar was not ready for about a second, while Triton,
@@ -7,6 +7,8 @@ nothing on a keep-alive connection opened before a load until that load is
 done; the worker's health check reused such a connection and timed out.)
 A pod whose probe flaps on every load is taken out of its Service: see
 ../shared/design.md, "avoid Triton's strict readiness as the pod probe".
+The same stall held inference on a loaded model for the other model's whole
+load, through the triton worker's keep-alive tritonclient connections.
 
 Real processes: the worker CLI and tritonserver. `iris` is the Triton sample;
 `iris-slow` is the same model whose `initialize` takes a few seconds more,
@@ -22,7 +24,7 @@ import threading
 import httpx
 import pytest
 
-from modelplane_testing.triton import start_tritonserver
+from modelplane_testing.triton import TritonServer, start_tritonserver
 from modelplane_testing.worker_server import wait_until, worker_process
 
 SLOW_INITIALIZE_S = 2.0
@@ -78,7 +80,9 @@ class ReadinessWatch:
                 self._stop.wait(0.02)
 
 
-def test_readiness_never_drops_while_triton_loads(store_with_slow_iris, tmp_path) -> None:
+@pytest.fixture
+def worker_with_sidecar(store_with_slow_iris, tmp_path):
+    """The worker CLI beside a real tritonserver; yields a client of the worker once it is ready."""
     repository = tmp_path / "repository"
     server = start_tritonserver(repository, log_dir=tmp_path)
     try:
@@ -88,14 +92,50 @@ def test_readiness_never_drops_while_triton_loads(store_with_slow_iris, tmp_path
         ]
         with worker_process(args) as url, httpx.Client(base_url=url, timeout=120) as client:
             wait_until(lambda: client.get("/v2/health/ready").status_code == 200, timeout_s=60, what="worker readiness")
-            with ReadinessWatch(url) as watch:
-                for _ in range(ROUNDS):
-                    for model in ("iris-slow", "iris"):
-                        loaded = client.post(f"/v2/repository/models/{model}/load")
-                        assert loaded.status_code == 200, loaded.text
-                        assert client.get(f"/v2/models/{model}/ready").status_code == 200
-                        assert client.post(f"/v2/repository/models/{model}/unload").status_code == 200
-            assert watch.answers > 0
-            assert watch.not_ready == [], f"{len(watch.not_ready)} of {watch.answers} answers not ready: {watch.not_ready[:6]}"
+            yield client, server
     finally:
         server.stop()
+
+
+def test_readiness_never_drops_while_triton_loads(worker_with_sidecar) -> None:
+    client, _ = worker_with_sidecar
+    with ReadinessWatch(str(client.base_url)) as watch:
+        for _ in range(ROUNDS):
+            for model in ("iris-slow", "iris"):
+                loaded = client.post(f"/v2/repository/models/{model}/load")
+                assert loaded.status_code == 200, loaded.text
+                assert client.get(f"/v2/models/{model}/ready").status_code == 200
+                assert client.post(f"/v2/repository/models/{model}/unload").status_code == 200
+    assert watch.answers > 0
+    assert watch.not_ready == [], f"{len(watch.not_ready)} of {watch.answers} answers not ready: {watch.not_ready[:6]}"
+
+
+def triton_state(server: TritonServer, model: str) -> str:
+    """The model's state in the sidecar's own repository index (asked directly, on a new connection)."""
+    entries = httpx.post(f"{server.http_url}/v2/repository/index", json={}, timeout=10).json()
+    return next((entry.get("state", "") for entry in entries if entry["name"] == model), "")
+
+
+def test_a_loaded_triton_model_answers_while_another_loads(worker_with_sidecar) -> None:
+    client, server = worker_with_sidecar
+    setosa = {"model_id": "iris", "input_data": [[5.1, 3.5, 1.4, 0.2]]}
+    for _ in range(5):  # loads iris and opens the worker's connections to the sidecar
+        assert client.post("/predict", json=setosa).status_code == 200
+
+    load_result: list[int] = []
+    loader = threading.Thread(
+        target=lambda: load_result.append(client.post("/v2/repository/models/iris-slow/load").status_code))
+    loader.start()
+    answered_while_loading = 0
+    try:
+        wait_until(lambda: triton_state(server, "iris-slow") == "LOADING", timeout_s=30, what="Triton to load iris-slow")
+        while answered_while_loading < 3:
+            predicted = client.post("/predict", json=setosa)
+            assert predicted.status_code == 200, predicted.text
+            if triton_state(server, "iris-slow") != "LOADING":
+                break
+            answered_while_loading += 1
+    finally:
+        loader.join(timeout=60)
+    assert load_result == [200]
+    assert answered_while_loading == 3, f"iris answered {answered_while_loading} times while iris-slow loaded, then waited for the load"

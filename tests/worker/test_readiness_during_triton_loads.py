@@ -18,7 +18,9 @@ checks.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import threading
 
 import httpx
@@ -139,3 +141,15 @@ def test_a_loaded_triton_model_answers_while_another_loads(worker_with_sidecar) 
         loader.join(timeout=60)
     assert load_result == [200]
     assert answered_while_loading == 3, f"iris answered {answered_while_loading} times while iris-slow loaded, then waited for the load"
+
+
+def test_a_frozen_sidecar_still_makes_the_pod_unready(worker_with_sidecar) -> None:
+    """Unanswered probes are given a grace period, not forever: a hung sidecar is still reported."""
+    client, server = worker_with_sidecar
+    os.kill(server.pid, signal.SIGSTOP)  # alive, port open, answering nothing
+    try:
+        wait_until(lambda: client.get("/v2/health/ready").status_code == 503, timeout_s=15, what="readiness 503")
+        assert client.get("/status").json()["triton_ready"] is False
+    finally:
+        os.kill(server.pid, signal.SIGCONT)
+    wait_until(lambda: client.get("/v2/health/ready").status_code == 200, timeout_s=15, what="readiness again")

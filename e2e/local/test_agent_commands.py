@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from nodeagent.commands import PodRewriter, UnmappedImage, expand_vars, resolve_argv, with_bind_host
+from nodeagent.commands import (PodRewriter, UnmappedImage, container_argv, expand_vars, resolve_argv,
+                                with_bind_host)
 
 VENV = Path(sys.executable).parent  # where the modelplane entry points are installed
 POD_IP = "127.11.1.2"
@@ -53,6 +54,21 @@ def test_this_pod_means_its_own_address_and_its_own_volumes() -> None:
     # One pass: a rewritten path is not rewritten again by a shorter mount.
     assert rewrite("/tmp") == "/v/tmp" and rewrite("/models") == "/v/repo"
     assert rewrite("/var/models") == "/var/models"
+
+
+def test_a_checkout_under_a_mounted_path_keeps_its_program_path() -> None:
+    """CI may clone into /tmp; a pod's /tmp emptyDir must not swallow the venv's programs."""
+    venv_bin = Path("/tmp/clone/.venv/bin")
+    rewrite = PodRewriter(POD_IP, {"/tmp": Path("/state/pod/tmp"), "/models": Path("/state/pod/repo")})
+    container = {"name": "triton", "image": "nvcr.io/nvidia/tritonserver:24.10-py3",
+                 "command": ["tritonserver"], "args": ["--model-repository=/models", "--http-port=8000"],
+                 "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}]}
+    argv = container_argv(container, {}, rewrite, venv_bin)
+    assert argv[0] == "/tmp/clone/.venv/bin/modelplane-triton"
+    assert argv[1:3] == ["--model-repository", "/state/pod/repo"]
+    worker = {"name": "worker", "image": "modelplane-worker:e2e", "args": ["--model-store", "/tmp/$(STORE)"]}
+    argv = container_argv(worker, {"STORE": "models.json"}, rewrite, venv_bin)
+    assert argv == ["/tmp/clone/.venv/bin/modelplane-worker", "--model-store", "/state/pod/tmp/models.json"]
 
 
 def test_bind_host_is_added_only_where_missing() -> None:

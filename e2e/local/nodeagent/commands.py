@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 IMAGE_ENTRY_POINTS = (
     ("triton", "modelplane-triton"),
@@ -88,6 +88,18 @@ def launcher_args(triton_args: list[str]) -> list[str]:
         elif flag not in LAUNCHER_SETS:
             passthrough.append(f"{flag}={value}" if value else flag)
     return mine + (["--", *passthrough] if passthrough else [])
+
+
+def container_argv(container: dict[str, Any], env: dict[str, str], rewrite: Callable[[str], str],
+                   venv_bin: Path) -> list[str]:
+    """The local argv of a container: the spec's words expanded and rewritten, then resolved.
+
+    Only the pod spec's words are rewritten: the local program path must not
+    be, or a checkout under a mounted path (a repo in /tmp, with a /tmp
+    emptyDir) would point the program into the pod's volume.
+    """
+    words = {key: [rewrite(expand_vars(a, env)) for a in container.get(key) or []] for key in ("command", "args")}
+    return resolve_argv({**container, **words}, venv_bin)
 
 
 def with_bind_host(argv: list[str], pod_ip: str) -> list[str]:

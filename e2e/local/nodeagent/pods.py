@@ -25,7 +25,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from nodeagent import kubeapi
-from nodeagent.commands import (PodRewriter, UnmappedImage, container_mounts, expand_vars, resolve_argv,
+from nodeagent.commands import (PodRewriter, UnmappedImage, container_argv, container_mounts,
                                 with_bind_host)
 from nodeagent.containers import ContainerRunner
 from nodeagent.environment import EnvBuilder, host_base
@@ -165,7 +165,7 @@ class PodRunner(threading.Thread):
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PODNET), env.get("PYTHONPATH", "")) if p)
         error = ""
         try:
-            argv = [rewrite(expand_vars(a, env)) for a in resolve_argv(container, self.ctx.venv_bin)]
+            argv = container_argv(container, env, rewrite, self.ctx.venv_bin)
             argv = with_bind_host(argv, self.pod_ip)
         except UnmappedImage as err:
             argv, error = [], str(err)

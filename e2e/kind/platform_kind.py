@@ -17,14 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from scenarios.chart import RELEASE, REPO, ChartInstall, helm_template_argv
 from scenarios.platform import Kube, is_true, models_volume, wait_for
 
-REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
-CHART = REPO / "charts" / "modelplane"
 VALUES = HERE / "values.yaml"
 CLUSTER = os.environ.get("MODELPLANE_KIND_CLUSTER", "modelplane-e2e")
-RELEASE = "modelplane"
 NAMESPACE = "modelplane"
 # The router runs from the control-plane image (Dockerfile.operator) with its own command.
 IMAGES = {"modelplane-operator:e2e": "Dockerfile.operator", "modelplane-worker:e2e": "Dockerfile.worker"}
@@ -103,7 +101,7 @@ def build_and_load_images() -> None:
 
 
 @dataclass
-class KindPlatform:
+class KindPlatform(ChartInstall):
     cluster: KindCluster
     namespace: str = NAMESPACE
     overrides: dict[str, Any] = field(default_factory=dict)
@@ -121,21 +119,8 @@ class KindPlatform:
         self.cluster.kubectl("create", "namespace", self.namespace, check=False)
         self.cluster.kubectl("apply", "-f", "-", input=models_volume(Path(NODE_MODELS_DIR), self.namespace))
 
-    def install(self, **overrides: Any) -> None:
-        self.overrides.update(overrides)
-        argv = [tool("helm"), "template", RELEASE, str(CHART), "--namespace", self.namespace, "--include-crds",
-                "-f", str(VALUES)]
-        for key, value in self.overrides.items():
-            argv += ["--set-string", f"{key}={value}"]
-        manifest = run(*argv, timeout=120)
-        self.cluster.kubectl("apply", "--server-side", "--force-conflicts", "-n", self.namespace, "-f", "-",
-                            input=manifest, timeout=180)
-
-    def set_pool_size(self, pods: int) -> None:
-        self.install(**{"workers.pool.minPods": pods})
-
-    def set_memory_budget(self, budget_bytes: int) -> None:
-        self.install(**{"workers.memoryBudget": budget_bytes})
+    def rendered_manifest(self) -> str:
+        return run(*helm_template_argv(tool("helm") or "helm", self.namespace, VALUES, self.overrides), timeout=120)
 
     def wait_installed(self, timeout: float = 600) -> None:
         for component in ("operator", "router"):

@@ -16,12 +16,10 @@ from typing import Any
 
 from agent_process import AgentProcess
 from modelplane_testing.kube_cluster import KubeCluster
+from scenarios.chart import REPO, ChartInstall, helm_template_argv
 from scenarios.platform import Kube, is_true, models_volume, wait_for
 
-REPO = Path(__file__).resolve().parents[2]
-CHART = REPO / "charts" / "modelplane"
 VALUES = Path(__file__).resolve().parent / "values.yaml"
-RELEASE = "modelplane"
 NAMESPACE = "modelplane"
 ROUTER_SELECTOR = "app.kubernetes.io/component=router"
 OPERATOR_SELECTOR = "app.kubernetes.io/component=operator"
@@ -32,9 +30,7 @@ def render_chart(cluster: KubeCluster, overrides: dict[str, Any]) -> str:
     helm = cluster.binaries.helm
     if helm is None:
         raise RuntimeError("helm is missing: run `make install-k8s`")
-    argv = [str(helm), "template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--include-crds", "-f", str(VALUES)]
-    for key, value in overrides.items():
-        argv += ["--set-string", f"{key}={value}"]
+    argv = helm_template_argv(str(helm), NAMESPACE, VALUES, overrides)
     done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     if done.returncode != 0:
         raise RuntimeError(f"helm template failed: {done.stderr.strip()}")
@@ -42,7 +38,7 @@ def render_chart(cluster: KubeCluster, overrides: dict[str, Any]) -> str:
 
 
 @dataclass
-class LocalPlatform:
+class LocalPlatform(ChartInstall):
     cluster: KubeCluster
     agent: AgentProcess
     namespace: str = NAMESPACE
@@ -56,17 +52,8 @@ class LocalPlatform:
     def kube(self) -> Kube:
         return Kube(self.cluster, self.namespace)
 
-    def install(self, **overrides: Any) -> None:
-        self.overrides.update(overrides)
-        manifest = render_chart(self.cluster, self.overrides)
-        self.cluster.kubectl("apply", "--server-side", "--force-conflicts", "-n", self.namespace, "-f", "-",
-                            input=manifest, timeout=180)
-
-    def set_pool_size(self, pods: int) -> None:
-        self.install(**{"workers.pool.minPods": pods})
-
-    def set_memory_budget(self, budget_bytes: int) -> None:
-        self.install(**{"workers.memoryBudget": budget_bytes})
+    def rendered_manifest(self) -> str:
+        return render_chart(self.cluster, self.overrides)
 
     def _ready_pod(self, selector: str) -> dict[str, Any]:
         pods = [p for p in self.kube.items("pods", "-l", selector) if is_true(p, "Ready") and not p["metadata"].get("deletionTimestamp")]

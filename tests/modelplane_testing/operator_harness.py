@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, TypeVar
 
@@ -12,6 +11,7 @@ from kopf.testing import KopfRunner
 
 from modelplane_operator.config import OperatorConfig
 from modelplane_operator.handlers import build_registry
+from modelplane_testing import polling
 from modelplane_testing.kube_cluster import KubeCluster
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -20,15 +20,8 @@ T = TypeVar("T")
 
 
 def wait_for(predicate: Callable[[], T], what: str, timeout: float = 30.0, interval: float = 0.2) -> T:
-    """Poll until predicate() is truthy; fail naming what never happened."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+    """polling.wait_for, polling less often: most predicates here run kubectl."""
+    return polling.wait_for(predicate, what, timeout, interval)
 
 
 class Cluster:

@@ -9,14 +9,13 @@ import contextlib
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 from typing import Any, Iterator
 
 import uvicorn
 from fastapi import FastAPI
 
-from modelplane_testing import ballast_framework as ballast
+from modelplane_testing import ballast_framework as ballast, polling
 from modelplane_testing.processes import REPO, free_port, spawn, wait_http
 from modelplane_worker import api, eviction
 from modelplane_worker.manager import ModelManager
@@ -29,14 +28,8 @@ __all__ = ["REPO", "ballast_app", "free_port", "serve_in_thread", "wait_until", 
 
 
 def wait_until(condition, timeout_s: float = 30.0, interval_s: float = 0.02, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = condition()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout_s}s waiting for {what}")
-        time.sleep(interval_s)
+    """polling.wait_for, with the argument names the worker tests use."""
+    return polling.wait_for(condition, what, timeout_s, interval_s)
 
 
 def ballast_app(

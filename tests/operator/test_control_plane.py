@@ -2,19 +2,9 @@
 from __future__ import annotations
 
 import json
-import time
 
 from modelplane_testing import kube_cluster as kc
-
-
-def _wait(predicate, what: str, timeout: float = 60.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}")
+from modelplane_testing.polling import wait_for
 
 
 def test_deployment_gets_scheduled_pods(kube_cluster: kc.KubeCluster) -> None:
@@ -26,11 +16,11 @@ def test_deployment_gets_scheduled_pods(kube_cluster: kc.KubeCluster) -> None:
         pods = json.loads(kube_cluster.kubectl("-n", "cp-check", "get", "pods", "-o", "json").stdout)["items"]
         return [p for p in pods if p["spec"].get("nodeName") == "cp-node"]
 
-    assert len(_wait(lambda: len(scheduled_pods()) == 2 and scheduled_pods(), "2 scheduled pods")) == 2
+    assert len(wait_for(lambda: len(scheduled_pods()) == 2 and scheduled_pods(), "2 scheduled pods", 60, 0.3)) == 2
     kube_cluster.kubectl("-n", "cp-check", "delete", "deployment", "web")
     # No kubelet confirms the deletion of a bound pod: garbage collection shows as a deletionTimestamp.
-    _wait(lambda: all(p["metadata"].get("deletionTimestamp") for p in scheduled_pods()),
-          "garbage collection of the pods")
+    wait_for(lambda: all(p["metadata"].get("deletionTimestamp") for p in scheduled_pods()),
+             "garbage collection of the pods", 60, 0.3)
     kube_cluster.kubectl("delete", "namespace", "cp-check", "--wait=false")
 
 

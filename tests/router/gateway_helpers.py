@@ -6,29 +6,18 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import httpx
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import local_stack  # noqa: E402
+from modelplane_testing.polling import wait_for  # noqa: E402,F401 - the router tests import it from here
 
 MiB = 2**20
 BALLAST_LAUNCHER = [sys.executable, str(Path(__file__).with_name("ballast_worker_main.py"))]
-
-
-def wait_for(condition: Callable[[], Any], what: str, deadline_s: float = 30.0, interval_s: float = 0.05) -> Any:
-    """Poll `condition` until it returns something truthy; fail naming `what` after the deadline."""
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end:
-        result = condition()
-        if result:
-            return result
-        time.sleep(interval_s)
-    raise AssertionError(f"timed out after {deadline_s}s waiting for {what}")
 
 
 def write_ballast_store(folder: Path, models: dict[str, dict[str, Any]]) -> Path:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from modelplane_testing.processes import free_port
 from scenarios.chart import RELEASE, REPO, ChartInstall, helm_template_argv
 from scenarios.platform import Kube, is_true, models_volume, wait_for
 
@@ -58,12 +59,6 @@ def run(*argv: str, timeout: float = 1800, input: str | None = None) -> str:
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(argv)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
     return done.stdout
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass

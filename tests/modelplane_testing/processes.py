@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -28,13 +29,39 @@ import httpx
 REPO = Path(__file__).resolve().parents[2]
 
 
+# Ports handed to child servers come from below the kernel's ephemeral range
+# (ip_local_port_range, 32768-60999 by default): a port from bind(0) lies in that
+# range, and an outgoing connection's source port can take it in the moment
+# between our check and the child's bind ("address already in use").
+_PORT_RANGE = (20000, 32768)
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_ports(count: int) -> list[int]:
-    """Distinct free TCP ports on 127.0.0.1 (held open together so they differ)."""
+    """Distinct free TCP ports on 127.0.0.1 outside the ephemeral range (held open together so they differ)."""
+    low, high = _PORT_RANGE
+    ephemeral = _ephemeral_range()
+    if ephemeral[0] <= low < ephemeral[1] or ephemeral[0] < high <= ephemeral[1]:
+        low, high = 1024, ephemeral[0]
     with contextlib.ExitStack() as stack:
-        sockets = [stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) for _ in range(count)]
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
+        ports: list[int] = []
+        for port in random.sample(range(low, high), min(high - low, 64 * count)):
+            sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            ports.append(port)
+            if len(ports) == count:
+                return ports
+    raise RuntimeError(f"no {count} free ports in {low}-{high} on 127.0.0.1")
 
 
 def free_port() -> int:

@@ -5,7 +5,9 @@ start it with its output in a log file, poll its HTTP endpoint until it
 answers (failing early, with the log's tail, if it exits), and stop it by
 pid — SIGTERM, a grace period, then SIGKILL. A process started in its own
 session (``own_session=True``) is signalled as a process group, so whatever
-it spawned goes with it.
+it spawned goes with it; with ``sweep_group=True`` as well, only the process
+itself is signalled (so it can shut its children down in its own order) and
+what is left of its group is SIGKILLed afterwards, even if it had already exited.
 
     with spawn("worker", argv, log_dir / "worker.log", url=url, own_session=True) as worker:
         wait_http(worker, "/v2/health/ready", 120)
@@ -79,6 +81,7 @@ class Process:
     url: str = ""
     own_session: bool = False
     stop_timeout_s: float = 10.0
+    sweep_group: bool = False
 
     @property
     def pid(self) -> int:
@@ -98,27 +101,34 @@ class Process:
 
     def _signal(self, signum: int) -> None:
         with contextlib.suppress(ProcessLookupError):
-            if self.own_session:
+            if self.own_session and not self.sweep_group:
                 os.killpg(self.popen.pid, signum)
             else:
                 self.popen.send_signal(signum)
 
+    def _sweep(self) -> None:
+        """With `sweep_group`: SIGKILL whatever is still in its process group (its pid is the group id)."""
+        if self.own_session and self.sweep_group:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.popen.pid, signal.SIGKILL)
+
     def stop(self, timeout_s: float | None = None) -> None:
         """SIGTERM, then SIGKILL after `timeout_s` (default `stop_timeout_s`): this pid, or its group."""
-        if self.popen.poll() is not None:
-            return
-        self._signal(signal.SIGTERM)
-        try:
-            self.popen.wait(self.stop_timeout_s if timeout_s is None else timeout_s)
-        except subprocess.TimeoutExpired:
-            self._signal(signal.SIGKILL)
-            self.popen.wait(10)
+        if self.popen.poll() is None:
+            self._signal(signal.SIGTERM)
+            try:
+                self.popen.wait(self.stop_timeout_s if timeout_s is None else timeout_s)
+            except subprocess.TimeoutExpired:
+                self._signal(signal.SIGKILL)
+                self.popen.wait(10)
+        self._sweep()
 
     def kill(self) -> None:
         """SIGKILL, as a crash would."""
         if self.popen.poll() is None:
             self._signal(signal.SIGKILL)
             self.popen.wait(10)
+        self._sweep()
 
     def __enter__(self) -> Process:
         return self
@@ -128,16 +138,18 @@ class Process:
 
 
 def spawn(name: str, argv: Sequence[str], log_path: Path, *, env: dict[str, str] | None = None, url: str = "",
-          own_session: bool = False, stop_timeout_s: float = 10.0, append: bool = False, cwd: Path | None = REPO) -> Process:
+          own_session: bool = False, stop_timeout_s: float = 10.0, append: bool = False, cwd: Path | None = REPO,
+          sweep_group: bool = False) -> Process:
     """Start `argv` with stdout and stderr in `log_path` and `env` added to this environment.
 
     `cwd` is the repository root unless given (None: this process's own).
+    `sweep_group` (with `own_session`): see the module docstring.
     """
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab" if append else "wb") as log:
         popen = subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                  env={**os.environ, **(env or {})}, cwd=cwd, start_new_session=own_session)
-    return Process(name, popen, log_path, url, own_session, stop_timeout_s)
+    return Process(name, popen, log_path, url, own_session, stop_timeout_s, sweep_group)
 
 
 def wait_http(process: Process, path: str, deadline_s: float = 60.0, expect: int = 200, tail_lines: int = 40) -> None:

@@ -12,21 +12,15 @@ servers (the router's) call this once per server.
 """
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
+from modelplane_testing.processes import Process, free_ports, spawn, wait_http
 
-from modelplane_testing.processes import free_ports
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 90.0
+STOP_TIMEOUT_S = 20.0
 
 
 class TritonStartFailed(RuntimeError):
@@ -35,18 +29,21 @@ class TritonStartFailed(RuntimeError):
 
 @dataclass
 class TritonServer:
-    """A running tritonserver: its address, pid, ports and log."""
+    """A running tritonserver: its process, repository and ports."""
 
-    process: subprocess.Popen[bytes]
+    process: Process
     repository: Path
     http_port: int
     grpc_port: int
     metrics_port: int
-    log_path: Path
 
     @property
     def pid(self) -> int:
         return self.process.pid
+
+    @property
+    def log_path(self) -> Path:
+        return self.process.log_path
 
     @property
     def url(self) -> str:
@@ -57,29 +54,16 @@ class TritonServer:
     def http_url(self) -> str:
         return f"http://{self.url}"
 
-    def log_tail(self, chars: int = 4000) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-chars:]
-        except OSError:
-            return ""
+    def log_tail(self, lines: int = 40) -> str:
+        return self.process.log_tail(lines)
 
     def running(self) -> bool:
-        return self.process.poll() is None
+        return self.process.alive()
 
-    def stop(self, timeout_s: float = 20.0) -> None:
-        """SIGTERM, then SIGKILL after `timeout_s`; stubs left in its process group go too."""
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
-        # The server ran in its own session: its pid is the group id of what it spawned.
-        try:
-            os.killpg(self.process.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        """SIGTERM to tritonserver (it stops its Python-backend stubs itself), SIGKILL after `timeout_s`;
+        then SIGKILL to any stub left in its process group, also when the server had already died."""
+        self.process.stop(timeout_s)
 
 
 def _launch(repository: Path, log_path: Path, extra_env: dict[str, str] | None,
@@ -92,31 +76,19 @@ def _launch(repository: Path, log_path: Path, extra_env: dict[str, str] | None,
         "--host", "127.0.0.1",
         "--", "--exit-timeout-secs=2",
     ]
-    env = dict(os.environ, **(extra_env or {}))
-    log = open(log_path, "ab")
-    try:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                   cwd=REPO_ROOT, start_new_session=True)
-    finally:
-        log.close()
-    return TritonServer(process, repository, http_port, grpc_port, metrics_port, log_path)
+    # Its own session, so its pid is the group id of the stubs it spawns; signalled alone, group swept after.
+    process = spawn("tritonserver", command, log_path, env=extra_env, url=f"http://127.0.0.1:{http_port}",
+                    own_session=True, sweep_group=True, stop_timeout_s=STOP_TIMEOUT_S, append=True)
+    return TritonServer(process, repository, http_port, grpc_port, metrics_port)
 
 
 def wait_ready(server: TritonServer, timeout_s: float = START_TIMEOUT_S) -> None:
-    """Poll /v2/health/ready until 200; fail early if the process exits."""
-    deadline = time.monotonic() + timeout_s
-    with httpx.Client(timeout=2.0) as client:
-        while time.monotonic() < deadline:
-            if not server.running():
-                raise TritonStartFailed(f"tritonserver exited with {server.process.returncode}:\n{server.log_tail()}")
-            try:
-                if client.get(f"{server.http_url}/v2/health/ready").status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-    server.stop()
-    raise TritonStartFailed(f"tritonserver not ready after {timeout_s:.0f}s:\n{server.log_tail()}")
+    """Poll /v2/health/ready until 200; fail early (with the log's tail) if the process exits."""
+    try:
+        wait_http(server.process, "/v2/health/ready", timeout_s)
+    except (RuntimeError, TimeoutError) as exc:
+        server.stop()
+        raise TritonStartFailed(str(exc)) from None
 
 
 def start_tritonserver(repo_dir: Path | str, log_dir: Path | str | None = None,
@@ -141,7 +113,7 @@ def start_tritonserver(repo_dir: Path | str, log_dir: Path | str | None = None,
         except TritonStartFailed as exc:
             server.stop()
             last_error = exc
-            if "already in use" not in server.log_tail():
+            if "already in use" not in server.process.log():
                 break
     assert last_error is not None
     raise last_error

@@ -59,7 +59,7 @@ def test_the_worker_follows_a_sidecar_restart(store_with_pinned_iris, tmp_path) 
             assert triton_ready_models(first) == worker_ready_triton_models(client) == {"iris", "iris-pinned"}
 
             os.kill(first.pid, signal.SIGKILL)  # the sidecar container dies
-            first.process.wait(timeout=10)
+            first.process.popen.wait(timeout=10)
             first.stop()  # its Python-backend stubs go with it
             wait_until(lambda: client.get("/v2/health/ready").status_code == 503, timeout_s=10, what="readiness 503")
             assert client.get("/v2/health/ready").json()["triton_ready"] is False

@@ -152,10 +152,15 @@ def create_app(
     @app.post("/v2/models/{name}/infer")
     @app.post("/v2/models/{name}/versions/{version}/infer")
     async def infer(name: str, request: Request, version: str | None = None) -> Response:
-        header_length = parse_header_length(request.headers.get(codec.HEADER_LENGTH))
-        raw = decompress(await body_of(request), request.headers.get("content-encoding", "identity"), max_body_bytes)
-        body, headers = await dataplane.infer(name, version, raw, header_length)
-        return Response(content=body, headers=headers)
+        body = await body_of(request)
+
+        def decode() -> codec.InferRequest:
+            header_length = parse_header_length(request.headers.get(codec.HEADER_LENGTH))
+            raw = decompress(body, request.headers.get("content-encoding", "identity"), max_body_bytes)
+            return codec.decode_request(raw, header_length)
+
+        answer = await dataplane.infer(name, version, body, request.headers, decode)
+        return Response(content=answer.body, status_code=answer.status, headers=answer.headers)
 
     # ----- OIP v2: repository ----------------------------------------------
 

@@ -13,16 +13,26 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import Any, AsyncIterator
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Callable, Mapping
 
 from modelplane_common import errors
 from modelplane_common.spec import Framework, ModelSpec
 from modelplane_worker import codec
+from modelplane_worker.frameworks.base import ForwardedResponse, FrameworkWorker
 from modelplane_worker.manager import ModelManager
 from modelplane_worker.metrics import WorkerMetrics
 from modelplane_worker.triton_health import TritonHealth
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Outcome:
+    """One request's resolved model and the status code its metrics record."""
+
+    spec: ModelSpec
+    code: int = 200
 
 
 class DataPlane:
@@ -33,20 +43,37 @@ class DataPlane:
 
     async def predict(self, model_id: str, input_data: Any) -> Any:
         """Seed ``/predict``: JSON in, JSON predictions out."""
-        async with self._request(model_id) as spec:
+        async with self._request(model_id) as outcome:
+            spec = outcome.spec
             async with self.manager.use(spec.id) as worker:
                 return await self._run(spec, worker.predict, input_data)
 
     async def infer(
-        self, model_name: str, version: str | None, body: bytes, header_length: int | None
-    ) -> tuple[bytes, dict[str, str]]:
-        """OIP v2 infer: decode the body, infer, encode the outputs the way the request asked."""
-        async with self._request(model_name) as spec:
+        self,
+        model_name: str,
+        version: str | None,
+        body: bytes,
+        headers: Mapping[str, str],
+        decode: Callable[[], codec.InferRequest],
+    ) -> ForwardedResponse:
+        """OIP v2 infer. A loaded model whose framework forwards OIP itself (triton) gets the body
+        and headers untouched and its answer goes back untouched; otherwise `decode` the body
+        (before any load, so a bad body never loads a model), infer, and encode the outputs."""
+        async with self._request(model_name) as outcome:
+            spec = outcome.spec
             check_version(spec, version)
-            request = codec.decode_request(body, header_length)
+            loaded = self.manager.loaded_worker(spec.id)
+            request = None if loaded is not None and loaded.forwards_infer() else decode()
             async with self.manager.use(spec.id) as worker:
+                if request is None:
+                    forwarded = await self._forward(spec, worker, body, headers)
+                    if forwarded is not None:
+                        outcome.code = forwarded.status
+                        return forwarded
+                    request = decode()
                 outputs = await self._run(spec, worker.infer, request.inputs, request.parameters)
-            return codec.encode_response(spec.id, spec.version, request, outputs)
+            content, content_headers = codec.encode_response(spec.id, spec.version, request, outputs)
+            return ForwardedResponse(status=200, headers=content_headers, body=content)
 
     async def metadata(self, model_name: str, version: str | None) -> dict[str, Any]:
         """OIP v2 model metadata. A model that is not loaded is described from the store, with
@@ -73,20 +100,33 @@ class DataPlane:
         return await asyncio.to_thread(worker.is_ready)
 
     @contextlib.asynccontextmanager
-    async def _request(self, model_id: str) -> AsyncIterator[ModelSpec]:
-        """Resolve the spec and record the request's code and latency however it ends."""
+    async def _request(self, model_id: str) -> AsyncIterator[_Outcome]:
+        """Resolve the spec and record the request's code and latency however it ends
+        (a forwarded answer sets its backend's status as the code)."""
         started = time.perf_counter()
         spec: ModelSpec | None = None
         code = 500
         try:
             spec = self.manager.store.get(model_id)
-            yield spec
-            code = 200
+            outcome = _Outcome(spec)
+            yield outcome
+            code = outcome.code
         except errors.ModelplaneError as exc:
             code = exc.status_code
             raise
         finally:
             self.metrics.request_finished(spec, code, time.perf_counter() - started)
+
+    async def _forward(
+        self, spec: ModelSpec, worker: FrameworkWorker, body: bytes, headers: Mapping[str, str]
+    ) -> ForwardedResponse | None:
+        try:
+            return await worker.forward_infer(body, headers)
+        except errors.ModelplaneError:
+            raise
+        except Exception as exc:
+            log.exception("forwarding inference on %s failed", spec.id)
+            raise errors.ModelplaneError(f"inference on model {spec.id!r} failed: {type(exc).__name__}: {exc}") from exc
 
     async def _run(self, spec: ModelSpec, function: Any, *args: Any) -> Any:
         inference = asyncio.ensure_future(asyncio.to_thread(function, *args))

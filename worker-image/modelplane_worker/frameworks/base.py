@@ -9,7 +9,7 @@ from __future__ import annotations
 import abc
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Mapping
 
 import numpy as np
 
@@ -25,6 +25,15 @@ class WorkerContext:
     triton_repository: Path = Path("/models")  # the volume shared with the sidecar
     triton_timeout_s: float = 120.0  # longest a sidecar call (a load, an inference) may take
     device: str = "cpu"  # "cuda" when torch.cuda.is_available()
+
+
+@dataclass(frozen=True)
+class ForwardedResponse:
+    """An OIP v2 infer answer from a backend, passed on as it came (status, headers, body)."""
+
+    status: int
+    headers: dict[str, str]
+    body: bytes
 
 
 @dataclass(frozen=True)
@@ -79,3 +88,15 @@ class FrameworkWorker(abc.ABC):
     def is_ready(self) -> bool:
         """Whether the model can serve now (the triton worker asks its sidecar)."""
         return True
+
+    async def forward_infer(self, body: bytes, headers: Mapping[str, str]) -> ForwardedResponse | None:
+        """Optional: pass an OIP v2 infer body on to a backend that speaks OIP itself, untouched,
+        and return its answer untouched (no decode/encode in this process). None: not supported
+        here (or not now), so the caller decodes the body and calls ``infer``. Runs on the event
+        loop: it must not block. Workers that override it are asked before the body is decoded."""
+        return None
+
+    @classmethod
+    def forwards_infer(cls) -> bool:
+        """Whether this framework overrides ``forward_infer`` (so a body is decoded only if it declines)."""
+        return cls.forward_infer is not FrameworkWorker.forward_infer

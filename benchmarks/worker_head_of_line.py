@@ -4,8 +4,14 @@ Starts the real pieces on loopback: the Triton sidecar (``modelplane-triton``,
 skipped with --no-triton or when it cannot start) and ``modelplane-worker``
 with the sample models' store. The first sample model is the warm one: its
 warm median is measured alone, then while each other sample model loads from
-cold (after an explicit unload), repeated ``--rounds`` times. The ratio
-during/alone should be ~1; the reference server's was 28 (5 ms -> 140 ms).
+cold (after an explicit unload), repeated ``--rounds`` times. With the
+sidecar, the Triton sample `iris` is also measured alone and while a second
+Triton model (`iris-twin`, the same sample under another id) loads in the
+same sidecar: Triton once held requests on keep-alive connections opened
+before a load until that load was done (docs/worker.md, "Readiness does not
+flap while Triton loads a model"). The ratio during/alone should be ~1; the
+reference server's was 28 (5 ms -> 140 ms). A request held for the whole
+load shows in the slowest one ("max ms") and in how few fit in the load.
 Cold/warm latency and load seconds per model: ``benchmarks/worker_cold_warm.py``.
 
 Usage: .venv/bin/python benchmarks/worker_head_of_line.py [--rounds 3] [--warm 30] [--no-triton] [--json-out FILE]
@@ -31,6 +37,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
 from modelplane_testing.processes import free_port, spawn, wait_http  # noqa: E402
+
+TRITON_TWIN = "iris-twin"
 
 
 @contextlib.contextmanager
@@ -91,22 +99,31 @@ def measure_head_of_line(client: httpx.Client, warm: dict[str, Any], loading: di
         "warm_model": warm["id"], "loading_model": loading["id"],
         "alone_median_ms": statistics.median(alone) * 1000,
         "during_load_median_ms": statistics.median(during) * 1000 if during else None,
+        "during_load_max_ms": max(during) * 1000 if during else None,
         "requests_during_load": len(during),
         "ratio": (statistics.median(during) / statistics.median(alone)) if during else None,
     }
 
 
+def with_triton_twin(models: list[dict[str, Any]], twin_id: str) -> list[dict[str, Any]]:
+    """The catalog plus the first triton model again under `twin_id` (same source: a second model to load)."""
+    triton = next(m for m in models if m["framework"] == "triton")
+    return [*models, {**triton, "id": twin_id, "name": twin_id}]
+
+
 def print_report(results: list[dict[str, Any]], triton_note: str) -> None:
     if triton_note:
         print(f"triton: {triton_note}")
-    print(f"{'warm model':<12} {'loading':<12} {'alone ms':>9} {'during ms':>10} {'ratio':>6} {'requests':>9}")
+    print(f"{'warm model':<12} {'loading':<12} {'alone ms':>9} {'during ms':>10} {'ratio':>6} {'max ms':>8} "
+          f"{'requests':>9}")
     for entry in results:
         if entry["ratio"] is None:
             print(f"{entry['warm_model']:<12} {entry['loading_model']:<12} (the load ended before any request)")
             continue
         print(
             f"{entry['warm_model']:<12} {entry['loading_model']:<12} {entry['alone_median_ms']:>9.2f} "
-            f"{entry['during_load_median_ms']:>10.2f} {entry['ratio']:>6.2f} {entry['requests_during_load']:>9}"
+            f"{entry['during_load_median_ms']:>10.2f} {entry['ratio']:>6.2f} {entry['during_load_max_ms']:>8.1f} "
+            f"{entry['requests_during_load']:>9}"
         )
 
 
@@ -140,6 +157,9 @@ def main() -> None:
                 triton_note = f"sidecar did not start, triton models skipped: {str(exc).splitlines()[0]}"
         if not triton_url:
             models = [m for m in models if m["framework"] != "triton"]
+        catalog = with_triton_twin(models, TRITON_TWIN) if triton_url else models
+        store = scratch / "model-store.json"
+        store.write_text(json.dumps({"models": catalog}))
         port = free_port()
         command = [python, "-m", "modelplane_worker.main", "--model-store", str(store), "--host", "127.0.0.1",
                    "--port", str(port), "--memory-budget", "4Gi", "--triton-url", triton_url,
@@ -147,12 +167,16 @@ def main() -> None:
         stack.enter_context(process("worker", command, f"http://127.0.0.1:{port}", scratch / "worker.log"))
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=300) as client:
             warm_model, *others = models
-            for other in others:  # first loads pay one-time imports: not what this measures
+            for other in catalog[1:]:  # first loads pay one-time imports: not what this measures
                 timed_predict(client, other["id"], input_for(other))
+            pairs = [(warm_model, other) for other in others]
+            if triton_url:  # a loaded Triton model while another Triton model loads in the same sidecar
+                triton_warm = next(m for m in catalog if m["framework"] == "triton")
+                pairs.append((triton_warm, catalog[-1]))
             results = [
-                measure_head_of_line(client, warm_model, other, args.warm)
+                measure_head_of_line(client, warm, loading, args.warm)
                 for _ in range(args.rounds)
-                for other in others
+                for warm, loading in pairs
             ]
     print_report(results, triton_note)
     if args.json_out:

@@ -81,7 +81,11 @@ class WorkerClient:
         # Created on first use, inside the running event loop.
         if self._session is None or self._session.closed:
             connector = aiohttp.TCPConnector(limit=0, limit_per_host=256, keepalive_timeout=3.0)
-            self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
+            # No automatic Accept-Encoding: the answer goes to a client that did not ask for
+            # compression, and Content-Encoding is not passed on (a worker forwarding to Triton
+            # would otherwise hand back a gzip body the client cannot read).
+            self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False,
+                                                  skip_auto_headers=("Accept-Encoding",))
         return self._session
 
     async def aclose(self) -> None:

@@ -8,6 +8,9 @@ shared handler. Choices worth knowing:
 - ``GET /v2/models/{name}`` never loads: a model that is not loaded is
   described from the store with empty ``inputs``/``outputs``; load it first
   (``POST /v2/repository/models/{name}/load``) to see its tensors.
+- ``POST /v2/models/{name}/infer`` on a loaded model whose framework forwards
+  OIP itself (triton) passes the body on untouched and returns the backend's
+  answer untouched (see ``FrameworkWorker.forward_infer``).
 - ``GET /v2/models/{name}/ready`` is 200 when loaded and ready, 503 when the
   model is known but not ready, 404 when unknown.
 - A load that fails is a 500 naming the cause (missing/corrupt files), 503

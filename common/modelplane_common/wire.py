@@ -11,6 +11,10 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+# A caller's time budget for one request, in seconds (decimal): how long a worker may let it wait
+# for room and for its model's load. The router sends what is left of its own request timeout.
+TIMEOUT_HEADER = "x-modelplane-timeout"
+
 
 class PredictRequest(BaseModel):
     model_id: str = Field(..., min_length=1)
@@ -47,6 +51,11 @@ class ModelCopy(BaseModel):
     loaded_at_s: float = 0.0  # seconds since the load finished
     reason: str = ""  # FAILED: why the last load failed
     failed_at_s: float = 0.0  # FAILED: seconds since that load failed
+    # What the shared eviction cost model (modelplane_common.eviction) needs, so that a router
+    # predicts the worker's victims from this report:
+    load_seconds: float = 0.0  # its last measured load
+    frequency: float = 0.0  # its decayed request count
+    queued: int = 0  # requests waiting for it
 
 
 class CatalogEntry(BaseModel):
@@ -67,5 +76,7 @@ class WorkerStatus(BaseModel):
     used_bytes: int
     free_bytes: int
     max_models: int | None = None
+    churn_guard_s: float = 0.0  # the worker's eviction policy setting (the router plans with it)
+    queued_requests: int = 0  # requests waiting in its admission queue for room
     models: list[ModelCopy]
     catalog: list[CatalogEntry]

@@ -29,6 +29,7 @@ _loads_lock = threading.Lock()
 ATTEMPTS: collections.Counter[str] = collections.Counter()  # load() calls, failed ones included
 LOADS: collections.Counter[str] = collections.Counter()  # loads that read a valid file
 UNLOADS: collections.Counter[str] = collections.Counter()
+EVENTS: list[str] = []  # "load:a", "unload:a", in the order they finished
 
 
 def write_model(folder: Path, size: int, load_delay_s: float = 0.0, factor: float = 2.0, predict_delay_s: float = 0.0) -> Path:
@@ -42,6 +43,7 @@ def reset_counters() -> None:
     with _loads_lock:
         for counter in (ATTEMPTS, LOADS, UNLOADS):
             counter.clear()
+        EVENTS.clear()
 
 
 def make_spec(model_id: str, folder: Path, memory: int | str = 0, **extra: Any) -> ModelSpec:
@@ -79,6 +81,8 @@ class BallastWorker(FrameworkWorker):
         time.sleep(delay)
         self._data = np.ones(size, dtype=np.uint8)
         self._factor = factor
+        with _loads_lock:
+            EVENTS.append(f"load:{self.spec.id}")
 
     def predict(self, input_data: Any) -> Any:
         if not isinstance(input_data, list) or not all(isinstance(x, (int, float)) for x in input_data):
@@ -113,6 +117,7 @@ class BallastWorker(FrameworkWorker):
         self._data = None
         with _loads_lock:
             UNLOADS[self.spec.id] += 1
+            EVENTS.append(f"unload:{self.spec.id}")
 
     def measured_bytes(self) -> int:
         return 0 if self._data is None else int(self._data.nbytes)

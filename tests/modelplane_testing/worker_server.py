@@ -17,7 +17,8 @@ from fastapi import FastAPI
 
 from modelplane_testing import ballast_framework as ballast, polling
 from modelplane_testing.processes import REPO, free_port, spawn, wait_http
-from modelplane_worker import api, eviction
+from modelplane_common.eviction import EvictionPolicy
+from modelplane_worker import api
 from modelplane_worker.manager import ModelManager
 from modelplane_worker.metrics import WorkerMetrics
 from modelplane_worker.frameworks.base import WorkerContext
@@ -44,7 +45,7 @@ def ballast_app(
     """A complete worker app whose in-process models are ballast models."""
     metrics = WorkerMetrics(pod_name, budget)
     triton = TritonHealth(triton_url)
-    manager_options.setdefault("policy", eviction.LRUPolicy(min_residency_s=0))
+    manager_options.setdefault("policy", EvictionPolicy(churn_guard_s=0))
     manager = ModelManager(
         store, WorkerContext(triton_url=triton_url), budget,
         observer=metrics, preflight=triton.require, create_worker=ballast.create_worker, **manager_options,

@@ -1,11 +1,16 @@
-"""Which models stay when the cache is full: least recently used goes first."""
+"""Which models stay when the cache is full: the shared cost model, as the manager applies it.
+
+Between equals (same size, same load cost, one request each) the least recently
+used goes first; a model that is wanted often, or costs more to load again,
+stays longer; a model that requests are waiting for is never the victim.
+"""
 from __future__ import annotations
 
 import pytest
 
+from modelplane_common.eviction import Candidate, EvictionPolicy, choose_victims, eviction_cost
 from modelplane_testing import ballast_framework as ballast
 from modelplane_testing.ballast_framework import MiB
-from modelplane_worker import eviction
 
 
 @pytest.fixture(autouse=True)
@@ -49,10 +54,26 @@ async def test_room_for_two_by_count_keeps_the_two_most_recent(tmp_path, request
         await manager.close()
 
 
+async def test_a_popular_model_outlives_a_more_recent_one_hit_model(tmp_path) -> None:
+    now = [0.0]
+    store = ballast.catalog(tmp_path, {key: {"size": MiB, "memory": MiB} for key in "hoc"})
+    manager = ballast.manager(store, budget=2 * MiB, clock=lambda: now[0], policy=EvictionPolicy(churn_guard_s=0))
+    try:
+        for _ in range(5):
+            await request_in_order(manager, ["h"])  # h: five requests
+        now[0] = 1.0
+        await request_in_order(manager, ["o"])  # o: one request, more recent than h's last
+        now[0] = 2.0
+        await request_in_order(manager, ["c"])  # LRU would evict h; its demand keeps it
+        assert manager.loaded_ids() == ["c", "h"]
+    finally:
+        await manager.close()
+
+
 async def test_a_just_loaded_model_is_kept_while_an_older_one_can_go(tmp_path) -> None:
     now = [0.0]
     store = ballast.catalog(tmp_path, {key: {"size": MiB, "memory": MiB} for key in "abc"})
-    manager = ballast.manager(store, budget=2 * MiB, clock=lambda: now[0], policy=eviction.LRUPolicy(min_residency_s=5))
+    manager = ballast.manager(store, budget=2 * MiB, clock=lambda: now[0], policy=EvictionPolicy(churn_guard_s=5))
     try:
         await request_in_order(manager, ["a"])
         now[0] = 100.0
@@ -66,21 +87,27 @@ async def test_a_just_loaded_model_is_kept_while_an_older_one_can_go(tmp_path) -
         await manager.close()
 
 
-def test_lru_policy_orders_idle_before_busy_and_old_before_new() -> None:
-    policy = eviction.LRUPolicy(min_residency_s=10)
+def test_the_policy_orders_by_reload_seconds_per_byte_after_its_guards() -> None:
+    policy = EvictionPolicy(churn_guard_s=10)
     candidates = [
-        eviction.Candidate("fresh", 1, last_used=95, loaded_at=95),
-        eviction.Candidate("busy", 1, last_used=10, loaded_at=0, inflight=3),
-        eviction.Candidate("idle-recent", 1, last_used=50, loaded_at=0),
-        eviction.Candidate("idle-old", 1, last_used=20, loaded_at=0),
+        Candidate("fresh", 1, idle_s=5, age_s=5, load_seconds=0.1, frequency=1),
+        Candidate("busy", 1, idle_s=90, age_s=100, load_seconds=0.1, frequency=1, inflight=3),
+        Candidate("costly", 1, idle_s=80, age_s=100, load_seconds=2.0, frequency=1),
+        Candidate("popular", 1, idle_s=80, age_s=100, load_seconds=0.1, frequency=30),
+        Candidate("big", 10, idle_s=50, age_s=100, load_seconds=0.1, frequency=1),
+        Candidate("idle-old", 1, idle_s=80, age_s=100, load_seconds=0.1, frequency=1),
+        Candidate("waited-for", 1, idle_s=99, age_s=100, load_seconds=0.1, frequency=0.1, queued=2),
     ]
-    order = [c.model_id for c in policy.order(candidates, now=100)]
-    assert order == ["idle-old", "idle-recent", "busy", "fresh"]
+    order = [c.model_id for c in policy.order(candidates)]
+    # big frees the most per reload second; waited-for is never offered; guards come before the score.
+    assert order == ["big", "idle-old", "costly", "popular", "busy", "fresh"]
 
 
 def test_choose_victims_takes_the_shortest_prefix_that_frees_enough() -> None:
-    policy = eviction.LRUPolicy(min_residency_s=0)
-    candidates = [eviction.Candidate(name, size, last_used=t, loaded_at=0) for name, size, t in [("x", 3, 1), ("y", 3, 2), ("z", 3, 3)]]
-    assert [c.model_id for c in eviction.choose_victims(policy, candidates, 10, bytes_needed=4)] == ["x", "y"]
-    assert eviction.choose_victims(policy, candidates, 10, bytes_needed=10) is None
-    assert eviction.choose_victims(policy, candidates, 10, bytes_needed=0) == []
+    policy = EvictionPolicy(churn_guard_s=0)
+    candidates = [Candidate(name, size, idle_s=t) for name, size, t in [("x", 3, 9), ("y", 3, 8), ("z", 3, 7)]]
+    assert [c.model_id for c in choose_victims(policy, candidates, bytes_needed=4)] == ["x", "y"]
+    assert [c.model_id for c in choose_victims(policy, candidates, bytes_needed=0, slots_needed=1)] == ["x"]
+    assert choose_victims(policy, candidates, bytes_needed=10) is None
+    assert choose_victims(policy, candidates, bytes_needed=0) == []
+    assert eviction_cost([Candidate("q", 1, load_seconds=2.0, frequency=3)]) == pytest.approx(6.0)

@@ -10,6 +10,8 @@ import pytest
 import tritonclient.http as triton_http
 from PIL import Image
 
+from modelplane_common.eviction import choose_victims, evictable, policy_of
+from modelplane_common.wire import WorkerStatus
 from modelplane_testing.worker_server import REPO, worker_process
 from modelplane_worker import samples
 
@@ -29,7 +31,7 @@ def png(color: tuple[int, int, int]) -> str:
     return base64.b64encode(buffer.getvalue()).decode()
 
 
-def test_text_and_image_models_answer_and_the_least_recent_is_evicted(worker) -> None:
+def test_text_and_image_models_answer_and_the_policys_victim_is_evicted(worker) -> None:
     text = worker.post("/predict", json={"model_id": "sentiment", "input_data": ["a great film", "dull"]})
     assert text.status_code == 200, text.text
     rows = text.json()["predictions"]
@@ -46,11 +48,14 @@ def test_text_and_image_models_answer_and_the_least_recent_is_evicted(worker) ->
     status = {copy["id"]: copy for copy in report["models"]}
     assert status["sentiment"]["bytes"] > 0 and status["colors"]["bytes"] > 0  # measured, not the estimate
 
+    # The victim is the one the shared cost model names from this report (the router plans the same way).
+    before = WorkerStatus.model_validate(report)
+    victim = choose_victims(policy_of(before), evictable(before), bytes_needed=0, slots_needed=1)[0].model_id
     embed = worker.post("/predict", json={"model_id": "mini-embed", "input_data": "hello"})
     assert embed.status_code == 200, embed.text
     vector = np.array(embed.json()["predictions"][0]["embedding"])
     assert np.linalg.norm(vector) == pytest.approx(1.0, abs=1e-4)
-    assert worker.get("/models").json()["loaded_models"] == ["colors", "mini-embed"]  # sentiment was least recent
+    assert worker.get("/models").json()["loaded_models"] == sorted({"colors", "sentiment", "mini-embed"} - {victim})
 
 
 def test_tritonclient_infers_text_with_binary_bytes_tensors(worker) -> None:

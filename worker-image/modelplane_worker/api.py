@@ -30,6 +30,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import zlib
 from typing import Any, AsyncIterator, Callable
 
@@ -41,7 +42,7 @@ from modelplane_common import errors, http, wire
 from modelplane_common.spec import ModelSpec
 from modelplane_worker import codec, triton_sync
 from modelplane_worker.dataplane import DataPlane
-from modelplane_worker.manager import ModelManager
+from modelplane_worker.manager import ModelManager, RequestTiming
 from modelplane_worker.metrics import WorkerMetrics
 from modelplane_worker.triton_health import TritonHealth
 
@@ -115,10 +116,13 @@ def create_app(
     # ----- seed API ------------------------------------------------------
 
     @app.post("/predict")
-    async def predict(request: Request) -> wire.PredictResponse:
+    async def predict(request: Request) -> Response:
         body = parse_json_model(wire.PredictRequest, await body_of(request))
-        predictions = await dataplane.predict(body.model_id, body.input_data)
-        return wire.PredictResponse(model_id=body.model_id, predictions=predictions)
+        timing = RequestTiming()
+        predictions = await dataplane.predict(body.model_id, body.input_data, timeout_of(request), timing)
+        answer = wire.PredictResponse(model_id=body.model_id, predictions=predictions)
+        return Response(answer.model_dump_json(), media_type="application/json",
+                        headers={"Server-Timing": timing.header()})
 
     @app.get("/models")
     async def models() -> wire.ModelsResponse:
@@ -162,8 +166,10 @@ def create_app(
             raw = decompress(body, request.headers.get("content-encoding", "identity"), max_body_bytes)
             return codec.decode_request(raw, header_length)
 
-        answer = await dataplane.infer(name, version, body, request.headers, decode)
-        return Response(content=answer.body, status_code=answer.status, headers=answer.headers)
+        timing = RequestTiming()
+        answer = await dataplane.infer(name, version, body, request.headers, decode, timeout_of(request), timing)
+        return Response(content=answer.body, status_code=answer.status,
+                        headers={**answer.headers, "Server-Timing": timing.header()})
 
     # ----- OIP v2: repository ----------------------------------------------
 
@@ -177,7 +183,7 @@ def create_app(
     @app.post("/v2/repository/models/{name}/load")
     async def load(name: str, request: Request) -> dict[str, Any]:
         await body_of(request)  # parameters (config overrides) are not supported; only the size is checked
-        await manager.load(name)
+        await manager.load(name, timeout_of(request))
         return {}
 
     @app.post("/v2/repository/models/{name}/unload")
@@ -200,6 +206,8 @@ def create_app(
             used_bytes=used,
             free_bytes=max(0, manager.memory_budget - manager.committed_bytes()),
             max_models=manager.max_models,
+            churn_guard_s=manager.policy.churn_guard_s,
+            queued_requests=manager.queued_requests(),
             models=copies(manager),
             catalog=[catalog_entry(spec, manager) for spec in manager.store.list()],
         )
@@ -217,6 +225,20 @@ async def _prepare_then_set(prepare: Callable[[], None] | None, done: asyncio.Ev
             await asyncio.to_thread(prepare)
     finally:
         done.set()
+
+
+def timeout_of(request: Request) -> float | None:
+    """The caller's time budget (``X-Modelplane-Timeout``, seconds); None: the worker's default."""
+    value = request.headers.get(wire.TIMEOUT_HEADER)
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise errors.BadInput(f"{wire.TIMEOUT_HEADER} must be a positive number of seconds, got {value!r}")
+    return seconds
 
 
 def parse_json_model(model: type[pydantic.BaseModel], raw: bytes) -> Any:
@@ -300,6 +322,9 @@ def copies(manager: ModelManager) -> list[wire.ModelCopy]:
             inflight=view.inflight,
             last_used_s=view.last_used_s,
             loaded_at_s=view.loaded_at_s,
+            load_seconds=view.load_seconds,
+            frequency=view.frequency,
+            queued=view.queued,
         )
         for view in manager.snapshot()
     ]

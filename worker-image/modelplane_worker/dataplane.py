@@ -20,7 +20,7 @@ from modelplane_common import errors
 from modelplane_common.spec import Framework, ModelSpec
 from modelplane_worker import codec
 from modelplane_worker.frameworks.base import ForwardedResponse, FrameworkWorker
-from modelplane_worker.manager import ModelManager
+from modelplane_worker.manager import ModelManager, RequestTiming
 from modelplane_worker.metrics import WorkerMetrics
 from modelplane_worker.triton_health import TritonHealth
 
@@ -41,12 +41,15 @@ class DataPlane:
         self.metrics = metrics
         self.triton = triton
 
-    async def predict(self, model_id: str, input_data: Any) -> Any:
-        """Seed ``/predict``: JSON in, JSON predictions out."""
+    async def predict(self, model_id: str, input_data: Any, timeout_s: float | None = None,
+                      timing: RequestTiming | None = None) -> Any:
+        """Seed ``/predict``: JSON in, JSON predictions out. `timeout_s` bounds the wait for room
+        and for a load (default: the manager's request timeout)."""
+        timing = timing or RequestTiming()
         async with self._request(model_id) as outcome:
             spec = outcome.spec
-            async with self.manager.use(spec.id) as worker:
-                return await self._run(spec, worker.predict, input_data)
+            async with self.manager.use(spec.id, timeout_s, timing) as worker:
+                return await self._run(spec, timing, worker.predict, input_data)
 
     async def infer(
         self,
@@ -55,23 +58,26 @@ class DataPlane:
         body: bytes,
         headers: Mapping[str, str],
         decode: Callable[[], codec.InferRequest],
+        timeout_s: float | None = None,
+        timing: RequestTiming | None = None,
     ) -> ForwardedResponse:
         """OIP v2 infer. A loaded model whose framework forwards OIP itself (triton) gets the body
         and headers untouched and its answer goes back untouched; otherwise `decode` the body
         (before any load, so a bad body never loads a model), infer, and encode the outputs."""
+        timing = timing or RequestTiming()
         async with self._request(model_name) as outcome:
             spec = outcome.spec
             check_version(spec, version)
             loaded = self.manager.loaded_worker(spec.id)
             request = None if loaded is not None and loaded.forwards_infer() else decode()
-            async with self.manager.use(spec.id) as worker:
+            async with self.manager.use(spec.id, timeout_s, timing) as worker:
                 if request is None:
                     forwarded = await self._forward(spec, worker, body, headers)
                     if forwarded is not None:
                         outcome.code = forwarded.status
                         return forwarded
                     request = decode()
-                outputs = await self._run(spec, worker.infer, request.inputs, request.parameters)
+                outputs = await self._run(spec, timing, worker.infer, request.inputs, request.parameters)
             content, content_headers = codec.encode_response(spec.id, spec.version, request, outputs)
             return ForwardedResponse(status=200, headers=content_headers, body=content)
 
@@ -128,7 +134,8 @@ class DataPlane:
             log.exception("forwarding inference on %s failed", spec.id)
             raise errors.ModelplaneError(f"inference on model {spec.id!r} failed: {type(exc).__name__}: {exc}") from exc
 
-    async def _run(self, spec: ModelSpec, function: Any, *args: Any) -> Any:
+    async def _run(self, spec: ModelSpec, timing: RequestTiming, function: Any, *args: Any) -> Any:
+        started = time.perf_counter()
         inference = asyncio.ensure_future(asyncio.to_thread(function, *args))
         try:
             return await asyncio.shield(inference)
@@ -144,6 +151,8 @@ class DataPlane:
                 raise errors.BackendUnavailable(f"model {spec.id!r}: the Triton sidecar is down ({exc})") from exc
             log.exception("inference on %s failed", spec.id)
             raise errors.ModelplaneError(f"inference on model {spec.id!r} failed: {type(exc).__name__}: {exc}") from exc
+        finally:
+            timing.infer_s += time.perf_counter() - started
 
 
 def check_version(spec: ModelSpec, version: str | None) -> None:

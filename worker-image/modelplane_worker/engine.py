@@ -19,6 +19,7 @@ from typing import Callable, TypeVar
 
 from modelplane_common import errors
 from modelplane_common.spec import ModelSpec
+from modelplane_worker import memory
 from modelplane_worker.frameworks.base import FrameworkWorker, WorkerContext
 
 REGISTRY: dict[str, type[FrameworkWorker]] = {}
@@ -67,6 +68,7 @@ def prepare(framework: str) -> None:
         if framework in _prepared:
             return
         worker_class(framework).prepare()
+        memory.freeze_imports()  # later collections skip what the imports left (see memory.py)
         _prepared.add(framework)
 
 

@@ -18,7 +18,9 @@ import uvicorn
 from fastapi import FastAPI
 
 from modelplane_common import quantity
-from modelplane_worker import api, engine, eviction
+from modelplane_common.eviction import DEFAULT_CHURN_GUARD_S, EvictionPolicy
+from modelplane_worker import api, engine
+from modelplane_worker.manager import DEFAULT_MAX_QUEUE, DEFAULT_REQUEST_TIMEOUT_S
 from modelplane_worker.frameworks.base import WorkerContext
 from modelplane_worker.manager import ModelManager
 from modelplane_worker.metrics import WorkerMetrics
@@ -41,8 +43,10 @@ class Settings:
     pinned: tuple[str, ...] = ()
     max_body_bytes: int = api.DEFAULT_MAX_BODY_BYTES
     source_roots: dict[str, Path] = field(default_factory=dict)
-    min_residency_s: float = 10.0
+    min_residency_s: float = DEFAULT_CHURN_GUARD_S
     failed_load_backoff_s: float = 5.0
+    request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
+    max_queue: int = DEFAULT_MAX_QUEUE
     log_level: str = "info"
 
 
@@ -61,6 +65,8 @@ ENVIRONMENT = {
     "source_root": "MODELPLANE_SOURCE_ROOTS",
     "min_residency_s": "MODELPLANE_MIN_RESIDENCY_S",
     "failed_load_backoff_s": "MODELPLANE_FAILED_LOAD_BACKOFF_S",
+    "request_timeout_s": "MODELPLANE_REQUEST_TIMEOUT_S",
+    "max_queue": "MODELPLANE_MAX_QUEUE",
     "log_level": "MODELPLANE_LOG_LEVEL",
 }
 
@@ -84,7 +90,18 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         "--source-root", action="append", default=None, metavar="CLAIM=PATH",
         help="where the PVC named CLAIM is mounted (repeatable; $MODELPLANE_SOURCE_ROOTS is comma-separated)",
     )
-    parser.add_argument("--min-residency-s", type=float, default=default("min_residency_s", 10.0), help="churn guard")
+    parser.add_argument(
+        "--min-residency-s", type=float, default=default("min_residency_s", DEFAULT_CHURN_GUARD_S),
+        help="churn guard: copies loaded more recently than this are evicted only after older ones",
+    )
+    parser.add_argument(
+        "--request-timeout-s", type=float, default=default("request_timeout_s", DEFAULT_REQUEST_TIMEOUT_S),
+        help="longest a request waits for room and for its model's load (a caller's X-Modelplane-Timeout may shorten it)",
+    )
+    parser.add_argument(
+        "--max-queue", type=int, default=default("max_queue", DEFAULT_MAX_QUEUE),
+        help="requests that may wait for room at once; past it a request is refused at once (503, Retry-After)",
+    )
     parser.add_argument(
         "--failed-load-backoff-s", type=float, default=default("failed_load_backoff_s", 5.0),
         help="after a failed load, requests for that model get its error again without a new load for this long",
@@ -101,6 +118,10 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
     roots = args.source_root if args.source_root is not None else _split(env.get(ENVIRONMENT["source_root"], ""))
     if float(args.failed_load_backoff_s) < 0:
         parser.error(f"--failed-load-backoff-s must not be negative, got {args.failed_load_backoff_s}")
+    if float(args.request_timeout_s) <= 0:
+        parser.error(f"--request-timeout-s must be positive, got {args.request_timeout_s}")
+    if int(args.max_queue) < 0:
+        parser.error(f"--max-queue must not be negative, got {args.max_queue}")
     try:
         return Settings(
             model_store=Path(args.model_store),
@@ -116,6 +137,8 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
             source_roots=dict(_source_root(item) for item in roots),
             min_residency_s=float(args.min_residency_s),
             failed_load_backoff_s=float(args.failed_load_backoff_s),
+            request_timeout_s=float(args.request_timeout_s),
+            max_queue=int(args.max_queue),
             log_level=args.log_level,
         )
     except ValueError as exc:
@@ -174,11 +197,13 @@ def build_app(settings: Settings, store: ModelStore | None = None) -> FastAPI:
         context,
         budget,
         max_models=settings.max_models,
-        policy=eviction.LRUPolicy(min_residency_s=settings.min_residency_s),
+        policy=EvictionPolicy(churn_guard_s=settings.min_residency_s),
         pinned=settings.pinned,
         observer=metrics,
         preflight=triton.require,
         failure_backoff_s=settings.failed_load_backoff_s,
+        request_timeout_s=settings.request_timeout_s,
+        max_queue=settings.max_queue,
     )
     frameworks = sorted({spec.framework.value for spec in store.list()})
     return api.create_app(

@@ -2,36 +2,47 @@
 
 Guarantees, and how they are kept:
 
-- **Capacity in bytes.** Each copy counts its spec's estimate while it loads
-  and its measured size (``FrameworkWorker.measured_bytes()``) once loaded.
+- **Capacity in bytes.** Each copy counts its best known size while it loads
+  (the size measured at its last load, else the spec's estimate) and its
+  measured size (``FrameworkWorker.measured_bytes()``) once loaded.
   ``max_models`` optionally caps the count as well.
 - **One load per model.** The first request creates the copy in state LOADING
   with a future; every later request for it awaits that same future.
+- **Requests wait for room instead of failing.** A request whose model has no
+  copy and cannot be admitted now (every slot is loading, promised away, or
+  pinned) waits in a bounded admission queue, first come first served, until
+  room frees up or its deadline passes. Requests for the same model share one
+  place in the queue. ``NoCapacity`` (503 with Retry-After) is the last
+  resort and says which of these it is: the queue is full, the deadline
+  cannot be met (the model's last load took longer than the time left) or
+  passed while waiting, or the model can never fit beside the pinned ones.
+- **Thrash-aware victims.** Victims come from the shared cost model
+  (``modelplane_common.eviction``: reload seconds saved per byte, churn
+  guard and in-flight requests folded into the order). A copy that requests
+  are waiting for is never chosen before they are served, so each swap
+  serves a whole batch.
+- **A failed load changes nothing (load first, evict after).** Admission
+  *promises* victims (they keep serving meanwhile, and no other load can take
+  them); they are evicted only once the load succeeded and the new copy was
+  measured. So missing or corrupt files, an unknown framework or a down
+  sidecar evict nothing, and the promise is released. The price: while a load
+  runs, memory may exceed the budget by that model's size, so on a GPU the
+  budget should leave room for the largest model on top. A model whose
+  measured size exceeds the budget is unloaded again and refused.
 - **Loads never block loaded models.** ``load()``/``unload()`` run on a small
-  thread pool of their own; inference runs on another (``asyncio.to_thread``);
-  the table lock is never held across either.
-- **A failed load changes nothing (load first, evict after).** Before a load
-  starts, the manager only *checks* that enough unpinned bytes could be freed
-  (else 503 NoCapacity, or 507 ModelTooLarge when the model exceeds the whole
-  budget). The load then runs into spare room or, when there is none,
-  temporarily over budget; victims are evicted only after it succeeded and
-  its size was measured. So missing or corrupt files, an unknown framework or
-  a down sidecar evict nothing. The price: while such a load runs, memory may
-  exceed the budget by that model's size, so on a GPU the budget should leave
-  room for the largest model on top. A model whose measured size exceeds the
-  budget is unloaded again and refused with ModelTooLarge.
+  thread pool of their own; inference runs on another (``asyncio.to_thread``).
+  All table changes happen on the event loop between awaits, so they need no lock.
 - **Pinned models are never evicted** (nor unloaded through the API).
 - **No unload under a request.** A victim stops taking new requests at once
-  (state UNLOADING), its bytes stop counting towards the budget, and its
-  ``unload()`` runs only after its in-flight requests finished. A request for
-  it meanwhile waits for the unload and then loads it again.
+  (state UNLOADING) and its ``unload()`` runs only after its in-flight
+  requests finished; its bytes count until then, so the next admission waits
+  for the memory to be free. A request for it meanwhile waits for the unload
+  and then loads it again.
 - **A failed load is remembered, not retried on every request.** The last
-  failure per model (its error and when) is reported as a FAILED copy of
-  0 bytes until a later load succeeds or the model is unloaded. It holds no
-  memory and is never "loaded". For ``failure_backoff_s`` after it, a request
-  gets the same error at once instead of another load; after that window a
-  request loads again. A sidecar that was down (BackendUnavailable) is
-  re-checked at once instead: asking is cheap and the sidecar recovers alone.
+  failure per model is reported as a FAILED copy of 0 bytes until a later
+  load succeeds or the model is unloaded. For ``failure_backoff_s`` after it,
+  a request gets the same error at once; a sidecar that was down
+  (BackendUnavailable) is re-checked at once instead.
 """
 from __future__ import annotations
 
@@ -46,10 +57,11 @@ from dataclasses import dataclass, field
 from typing import AsyncIterator, Awaitable, Callable, Iterable, Protocol
 
 from modelplane_common import errors
+from modelplane_common.eviction import Candidate, DecayedCount, EvictionPolicy, choose_victims
 from modelplane_common.quantity import format_bytes
 from modelplane_common.spec import Framework, ModelSpec
 from modelplane_common.wire import CopyState
-from modelplane_worker import engine, eviction
+from modelplane_worker import engine
 from modelplane_worker.frameworks.base import FrameworkWorker, WorkerContext
 from modelplane_worker.store import ModelStore
 
@@ -58,6 +70,9 @@ log = logging.getLogger(__name__)
 Preflight = Callable[[ModelSpec], Awaitable[None]]
 HeldModels = Callable[[], Awaitable["set[str] | None"]]
 WorkerFactory = Callable[[ModelSpec, WorkerContext], FrameworkWorker]
+
+DEFAULT_REQUEST_TIMEOUT_S = 30.0
+DEFAULT_MAX_QUEUE = 256
 
 
 class ManagerObserver(Protocol):
@@ -70,6 +85,10 @@ class ManagerObserver(Protocol):
     def model_bytes(self, spec: ModelSpec, size: int | None) -> None: ...
 
     def memory_used(self, used: int) -> None: ...
+
+    def queue_length(self, spec: ModelSpec, waiting: int) -> None: ...
+
+    def queue_left(self, spec: ModelSpec, seconds: float, outcome: str) -> None: ...
 
 
 class _NoObserver:
@@ -85,6 +104,26 @@ class _NoObserver:
     def memory_used(self, used: int) -> None:
         pass
 
+    def queue_length(self, spec: ModelSpec, waiting: int) -> None:
+        pass
+
+    def queue_left(self, spec: ModelSpec, seconds: float, outcome: str) -> None:
+        pass
+
+
+@dataclass
+class RequestTiming:
+    """Where one request's time went, for the standard ``Server-Timing`` answer header."""
+
+    queue_s: float = 0.0  # waiting for room in the admission queue
+    load_s: float = 0.0  # waiting for its model's load (its own or one it joined)
+    infer_s: float = 0.0  # the framework's inference
+
+    def header(self) -> str:
+        """``queue;dur=0.0, load;dur=41.3, infer;dur=3.2`` (milliseconds, as the header wants)."""
+        return ", ".join(f"{name};dur={seconds * 1000:.1f}" for name, seconds in
+                         (("queue", self.queue_s), ("load", self.load_s), ("infer", self.infer_s)))
+
 
 @dataclass(eq=False)
 class _Copy:
@@ -96,8 +135,10 @@ class _Copy:
     loading: asyncio.Future[None]
     worker: FrameworkWorker | None = None
     inflight: int = 0
+    queued: int = 0  # requests waiting for this copy's load to finish
     last_used: float = 0.0
     loaded_at: float = 0.0
+    promised_to: str | None = None  # a READY copy reserved as the victim of this loading model
     drained: asyncio.Event = field(default_factory=asyncio.Event)
     gone: asyncio.Future[None] | None = None
 
@@ -106,7 +147,27 @@ class _Copy:
 
     @property
     def counts_towards_budget(self) -> bool:
-        return self.state in (CopyState.LOADING, CopyState.READY)
+        """Every copy that holds (or is about to hold) memory, except ready ones already promised
+        to a load as its victims: their bytes are that load's room."""
+        return self.state is not CopyState.READY or self.promised_to is None
+
+
+@dataclass
+class _ModelStats:
+    """What the manager remembers of a model across its loads and evictions."""
+
+    demand: DecayedCount
+    load_seconds: float = 0.0  # its last successful load
+    measured_bytes: int = 0  # its size at that load
+
+
+@dataclass(eq=False)
+class _Ticket:
+    """One model's place in the admission queue, shared by every request waiting for it."""
+
+    spec: ModelSpec
+    admitted: asyncio.Future[_Copy]
+    waiters: int = 0
 
 
 @dataclass(frozen=True)
@@ -121,6 +182,9 @@ class CopyView:
     inflight: int
     last_used_s: float
     loaded_at_s: float
+    load_seconds: float = 0.0
+    frequency: float = 0.0
+    queued: int = 0
     reason: str = ""
 
 
@@ -153,7 +217,7 @@ class ModelManager:
         memory_budget: int,
         *,
         max_models: int | None = None,
-        policy: eviction.EvictionPolicy | None = None,
+        policy: EvictionPolicy | None = None,
         pinned: Iterable[str] = (),
         clock: Callable[[], float] = time.monotonic,
         observer: ManagerObserver | None = None,
@@ -161,6 +225,9 @@ class ModelManager:
         create_worker: WorkerFactory = engine.create,
         load_threads: int = 2,
         failure_backoff_s: float = 5.0,
+        request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
+        max_queue: int = DEFAULT_MAX_QUEUE,
+        demand_half_life_s: float | None = None,
     ) -> None:
         if memory_budget <= 0:
             raise ValueError(f"memory budget must be positive, got {memory_budget}")
@@ -168,21 +235,29 @@ class ModelManager:
             raise ValueError(f"max models must be at least 1, got {max_models}")
         if failure_backoff_s < 0:
             raise ValueError(f"failed-load back-off must not be negative, got {failure_backoff_s}")
+        if request_timeout_s <= 0:
+            raise ValueError(f"request timeout must be positive, got {request_timeout_s}")
+        if max_queue < 0:
+            raise ValueError(f"admission queue size must not be negative, got {max_queue}")
         self.store = store
         self.context = context
         self.memory_budget = memory_budget
         self.max_models = max_models
-        self.policy = policy or eviction.LRUPolicy()
+        self.policy = policy or EvictionPolicy()
+        self.failure_backoff_s = failure_backoff_s
+        self.request_timeout_s = request_timeout_s
+        self.max_queue = max_queue
+        self._half_life_s = demand_half_life_s or DecayedCount().half_life_s
         self._pinned = frozenset(pinned)
         self._clock = clock
         self._observer = observer or _NoObserver()
         self._preflight = preflight
         self._create_worker = create_worker
-        self.failure_backoff_s = failure_backoff_s
-        self._lock = asyncio.Lock()
         self._copies: dict[str, _Copy] = {}
+        self._queue: dict[str, _Ticket] = {}  # insertion order is arrival order
+        self._queued_requests = 0
         self._failures: dict[str, _Failure] = {}  # last failed load per model, until a load succeeds
-        self._measured: dict[str, int] = {}  # last measured size, kept after eviction for placement
+        self._stats: dict[str, _ModelStats] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._load_pool = concurrent.futures.ThreadPoolExecutor(load_threads, thread_name_prefix="model-load")
 
@@ -216,12 +291,17 @@ class ModelManager:
         return sum(copy.bytes for copy in self._copies.values())
 
     def committed_bytes(self) -> int:
-        """Bytes that count towards the budget: loading and ready copies."""
+        """Bytes that count towards the budget: every copy but ready ones promised to a load."""
         return sum(copy.bytes for copy in self._copies.values() if copy.counts_towards_budget)
 
     def known_size(self, spec: ModelSpec) -> int:
         """The best size figure for `spec`: measured at its last load, else its estimate."""
-        return self._measured.get(spec.id, spec.memory_bytes)
+        stats = self._stats.get(spec.id)
+        return stats.measured_bytes if stats is not None and stats.measured_bytes > 0 else spec.memory_bytes
+
+    def queued_requests(self) -> int:
+        """Requests waiting in the admission queue now."""
+        return self._queued_requests
 
     def failures(self) -> dict[str, str]:
         """Reason of the last failed load per model that is neither loaded nor loading again now."""
@@ -238,8 +318,11 @@ class ModelManager:
 
     def snapshot(self) -> list[CopyView]:
         now = self._clock()
-        views = [
-            CopyView(
+        views = []
+        for key, copy in self._copies.items():
+            stats = self._stats.get(key)
+            ticket = self._queue.get(key)
+            views.append(CopyView(
                 model_id=key,
                 framework=copy.spec.framework.value,
                 state=copy.state,
@@ -248,17 +331,20 @@ class ModelManager:
                 inflight=copy.inflight,
                 last_used_s=max(0.0, now - copy.last_used) if copy.last_used else 0.0,
                 loaded_at_s=max(0.0, now - copy.loaded_at) if copy.loaded_at else 0.0,
-            )
-            for key, copy in self._copies.items()
-        ]
+                load_seconds=stats.load_seconds if stats else 0.0,
+                frequency=stats.demand.value(now) if stats else 0.0,
+                queued=copy.queued + (ticket.waiters if ticket else 0),
+            ))
         return sorted(views, key=lambda view: view.model_id)
 
     # ----- the request path ----------------------------------------------
 
     @contextlib.asynccontextmanager
-    async def use(self, model_id: str) -> AsyncIterator[FrameworkWorker]:
-        """Get-or-load `model_id` and hold it (counted in flight) for the block."""
-        copy = await self._acquire(model_id, hold=True)
+    async def use(self, model_id: str, timeout_s: float | None = None,
+                  timing: RequestTiming | None = None) -> AsyncIterator[FrameworkWorker]:
+        """Get-or-load `model_id` within `timeout_s` (default: the request timeout) and hold it
+        (counted in flight) for the block."""
+        copy = await self._acquire(model_id, hold=True, timeout_s=timeout_s, timing=timing)
         try:
             assert copy.worker is not None
             yield copy.worker
@@ -267,9 +353,9 @@ class ModelManager:
             if copy.inflight == 0:
                 copy.drained.set()
 
-    async def load(self, model_id: str) -> None:
-        """Make sure `model_id` is loaded (explicit load, pinned models, warm-up)."""
-        await self._acquire(model_id, hold=False)
+    async def load(self, model_id: str, timeout_s: float | None = None) -> None:
+        """Make sure `model_id` is loaded (explicit load, pinned models), waiting for room like a request."""
+        await self._acquire(model_id, hold=False, timeout_s=timeout_s, timing=None)
 
     async def unload(self, model_id: str) -> bool:
         """Unload `model_id` once its requests finished; False when it was not loaded.
@@ -280,41 +366,195 @@ class ModelManager:
         if self.is_pinned(model_id):
             raise errors.Conflict(f"model {model_id!r} is pinned on this worker and cannot be unloaded")
         while True:
-            async with self._lock:
-                copy = self._copies.get(model_id)
-                if copy is None:
-                    self._failures.pop(model_id, None)
-                    return False
-                if copy.state is CopyState.READY:
-                    self._begin_unload_locked(copy, evicted=False)
-                waiter = copy.loading if copy.state is CopyState.LOADING else copy.gone
+            copy = self._copies.get(model_id)
+            if copy is None:
+                self._failures.pop(model_id, None)
+                return False
+            if copy.state is CopyState.READY:
+                self._begin_unload(copy, evicted=False)
+            waiter = copy.loading if copy.state is CopyState.LOADING else copy.gone
             assert waiter is not None
             with contextlib.suppress(errors.ModelplaneError):
                 await asyncio.shield(waiter)
             if copy.state is CopyState.UNLOADING:
                 return True
 
-    async def _acquire(self, model_id: str, hold: bool) -> _Copy:
+    async def _acquire(self, model_id: str, hold: bool, timeout_s: float | None,
+                       timing: RequestTiming | None) -> _Copy:
         spec = self.store.get(model_id)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (self.request_timeout_s if timeout_s is None else timeout_s)
+        timing = timing or RequestTiming()
+        if hold:
+            self._stats_of(spec.id).demand.add(self._clock())
+        counted = False  # whether this request is already counted in the copy's `queued`
         while True:
-            async with self._lock:
-                copy = self._copies.get(model_id)
+            copy = self._copies.get(model_id)
+            if copy is None:
+                self._raise_if_backing_off(model_id)
+                # Fair order: while others wait for room, a newcomer queues behind them.
+                copy = None if self._queue else self._start_load_if_room(spec)
                 if copy is None:
-                    self._raise_if_backing_off_locked(model_id)
-                    copy = self._start_load_locked(spec)
-                if copy.state is CopyState.READY:
-                    copy.last_used = self._clock()
-                    if hold:
-                        copy.inflight += 1
-                        copy.drained.clear()
-                    return copy
-                waiter = copy.loading if copy.state is CopyState.LOADING else copy.gone
-            assert waiter is not None
-            await asyncio.shield(waiter)  # a failed load raises its error in every waiter
+                    copy = await self._wait_in_queue(spec, deadline, timing)
+                    counted = True
+            if copy.state is CopyState.READY:
+                copy.last_used = self._clock()
+                if hold:
+                    copy.inflight += 1
+                    copy.drained.clear()
+                if counted:
+                    self._stop_waiting(copy)  # in flight first, so it is never an idle victim in between
+                return copy
+            if copy.state is CopyState.LOADING:
+                if not counted:
+                    copy.queued += 1
+                counted = False
+                started = loop.time()
+                try:
+                    await self._until(copy.loading, deadline, spec, "its load to finish")
+                except BaseException:
+                    self._stop_waiting(copy)
+                    raise
+                finally:
+                    timing.load_s += loop.time() - started
+                # READY now: the next pass counts it in flight in the same step that stops its waiting.
+                counted = True
+                continue
+            # UNLOADING (explicitly unloaded meanwhile): wait until it is gone, then load it again.
+            if counted:
+                copy.queued -= 1
+                counted = False
+            assert copy.gone is not None
+            await self._until(copy.gone, deadline, spec, "its unload to finish")
+
+    def _stop_waiting(self, copy: _Copy) -> None:
+        copy.queued -= 1
+        if copy.queued == 0:
+            self._admit_queued()  # a copy nobody waits for may now be a victim
+
+    async def _until(self, future: asyncio.Future, deadline: float, spec: ModelSpec, what: str) -> None:
+        remaining = deadline - asyncio.get_running_loop().time()
+        try:
+            await asyncio.wait_for(asyncio.shield(future), max(remaining, 0.0))
+        except (asyncio.TimeoutError, TimeoutError):
+            raise errors.NoCapacity(
+                f"model {spec.id!r}: the request's deadline passed while waiting for {what}",
+                retry_after_s=self._retry_after(spec),
+            ) from None
+
+    # ----- the admission queue ---------------------------------------------
+
+    async def _wait_in_queue(self, spec: ModelSpec, deadline: float, timing: RequestTiming) -> _Copy:
+        """Wait for room for `spec`, first come first served; the copy whose load was started for it.
+
+        The request is counted in the returned copy's `queued` (handed over with the admission)."""
+        loop = asyncio.get_running_loop()
+        self._raise_if_it_can_never_fit(spec)
+        if self._queued_requests >= self.max_queue:
+            self._observer.queue_left(spec, 0.0, "queue_full")
+            raise errors.NoCapacity(
+                f"no room for model {spec.id!r} now and the admission queue is full "
+                f"({self._queued_requests} requests wait for room); {self._occupancy()}",
+                retry_after_s=self._retry_after(spec),
+            )
+        remaining = deadline - loop.time()
+        expected = self._stats_of(spec.id).load_seconds
+        if remaining < expected:
+            self._observer.queue_left(spec, 0.0, "deadline")
+            raise errors.NoCapacity(
+                f"no room for model {spec.id!r} now, and its deadline cannot be met: its load takes about "
+                f"{expected:.1f}s and {max(remaining, 0):.1f}s are left; {self._occupancy()}",
+                retry_after_s=self._retry_after(spec),
+            )
+        ticket = self._queue.get(spec.id)
+        if ticket is None:
+            ticket = self._queue[spec.id] = _Ticket(spec, loop.create_future())
+        ticket.waiters += 1
+        self._queued_requests += 1
+        self._admit_queued()  # it may be first in line with room to spare
+        self._observer.queue_length(spec, ticket.waiters)
+        started = loop.time()
+        outcome = "admitted"
+        try:
+            return await asyncio.wait_for(asyncio.shield(ticket.admitted), max(remaining, 0.0))
+        except (asyncio.TimeoutError, TimeoutError):
+            outcome = "deadline"
+            raise errors.NoCapacity(
+                f"no room for model {spec.id!r}: the request's deadline passed after {loop.time() - started:.1f}s "
+                f"in the admission queue ({self._queued_requests - 1} others wait); {self._occupancy()}",
+                retry_after_s=self._retry_after(spec),
+            ) from None
+        except errors.ModelplaneError:
+            outcome = "failed"
+            raise
+        except BaseException:
+            outcome = "cancelled"
+            raise
+        finally:
+            waited = loop.time() - started
+            timing.queue_s += waited
+            ticket.waiters -= 1
+            self._queued_requests -= 1
+            self._observer.queue_length(spec, ticket.waiters)
+            self._observer.queue_left(spec, waited, outcome)
+            if outcome != "admitted" and ticket.admitted.done() and not ticket.admitted.exception():
+                self._stop_waiting(ticket.admitted.result())  # admitted at the last moment, but gone
+            if ticket.waiters == 0 and self._queue.get(spec.id) is ticket:
+                del self._queue[spec.id]  # nobody waits any more: its load is not started
+
+    def _admit_queued(self) -> None:
+        """Start the loads that fit now, in arrival order; the first that does not fit keeps its place."""
+        while self._queue:
+            model_id, ticket = next(iter(self._queue.items()))
+            copy = self._copies.get(model_id)
+            if copy is None:
+                try:
+                    self._raise_if_backing_off(model_id)
+                    copy = self._start_load_if_room(ticket.spec)
+                except errors.ModelplaneError as exc:
+                    del self._queue[model_id]
+                    ticket.admitted.set_exception(exc)
+                    ticket.admitted.add_done_callback(lambda future: future.exception())
+                    continue
+                if copy is None:
+                    return
+            elif copy.state is CopyState.UNLOADING:
+                return  # loads again once the unload is done (which calls this again)
+            del self._queue[model_id]
+            copy.queued += ticket.waiters
+            ticket.admitted.set_result(copy)
+
+    def _raise_if_it_can_never_fit(self, spec: ModelSpec) -> None:
+        """Waiting helps only if evictable copies could ever make room; pinned ones never will."""
+        pinned = [c for key, c in self._copies.items() if self.is_pinned(key) and c.counts_towards_budget]
+        no_bytes = sum(c.bytes for c in pinned) + self.known_size(spec) > self.memory_budget
+        no_slot = self.max_models is not None and len(pinned) >= self.max_models
+        if no_bytes or no_slot:
+            raise errors.NoCapacity(
+                f"no room for model {spec.id!r} ({format_bytes(self.known_size(spec))}) beside the pinned "
+                f"models within the memory budget of {format_bytes(self.memory_budget)}"
+                + (f" and the limit of {self.max_models} models" if self.max_models else "")
+                    + f"; {self._occupancy()}"
+            )
+
+    def _retry_after(self, spec: ModelSpec) -> int:
+        """Seconds a refused client should wait: about one load of this model, at least one."""
+        return max(1, math.ceil(self._stats_of(spec.id).load_seconds or 1.0))
+
+    def _occupancy(self) -> str:
+        loading = sorted(k for k, c in self._copies.items() if c.state is CopyState.LOADING)
+        pinned = sorted(k for k in self._copies if self.is_pinned(k))
+        return f"loading: {', '.join(loading) or 'none'}; pinned: {', '.join(pinned) or 'none'}"
 
     # ----- loading -------------------------------------------------------
 
-    def _raise_if_backing_off_locked(self, model_id: str) -> None:
+    def _stats_of(self, model_id: str) -> _ModelStats:
+        stats = self._stats.get(model_id)
+        if stats is None:
+            stats = self._stats[model_id] = _ModelStats(DecayedCount(self._half_life_s))
+        return stats
+
+    def _raise_if_backing_off(self, model_id: str) -> None:
         """Within the back-off window after a failed load, answer its error again instead of loading."""
         failure = self._failures.get(model_id)
         if failure is None or not failure.backs_off():
@@ -328,16 +568,21 @@ class ModelManager:
         again.headers = {**failure.error.headers, "Retry-After": str(max(1, math.ceil(remaining)))}
         raise again.with_traceback(None)
 
-    def _start_load_locked(self, spec: ModelSpec) -> _Copy:
-        estimate = spec.memory_bytes
+    def _start_load_if_room(self, spec: ModelSpec) -> _Copy | None:
+        """Start loading `spec` if room can be promised now (victims reserved); None if not yet."""
+        estimate = self.known_size(spec)
         if estimate > self.memory_budget:
             raise errors.ModelTooLarge(
                 f"model {spec.id!r} needs about {format_bytes(estimate)}, more than this worker's whole "
                 f"memory budget of {format_bytes(self.memory_budget)}; nothing was evicted"
             )
-        if self._victims_locked(extra_bytes=estimate, extra_slots=1, exclude=None) is None:
-            raise self._no_capacity(spec, estimate)
-        copy = _Copy(spec=spec, state=CopyState.LOADING, bytes=estimate, loading=asyncio.get_running_loop().create_future())
+        victims = self._victims(extra_bytes=estimate, extra_slots=1, exclude=None, count_unloading=True)
+        if victims is None:
+            return None
+        for victim in victims:
+            self._copies[victim.model_id].promised_to = spec.id
+        copy = _Copy(spec=spec, state=CopyState.LOADING, bytes=estimate,
+                     loading=asyncio.get_running_loop().create_future())
         self._copies[spec.id] = copy
         self._spawn(self._run_load(copy))
         self._observer.memory_used(self.used_bytes())
@@ -351,60 +596,81 @@ class ModelManager:
         try:
             if self._preflight is not None:
                 await self._preflight(spec)
-            # On the load thread: the first use of a framework imports its module (seconds for torch).
-            worker = await loop.run_in_executor(self._load_pool, self._create_worker, spec, self.context)
-            await loop.run_in_executor(self._load_pool, worker.load)
-            measured = await loop.run_in_executor(self._load_pool, worker.measured_bytes)
+            # One hop to the load thread: creating the worker may import its framework (seconds for torch).
+            worker, measured = await loop.run_in_executor(self._load_pool, self._create_and_load, spec)
         except BaseException as exc:  # noqa: BLE001 - every failure must reach the waiters
             error = _as_load_error(spec, exc)
-            if worker is not None:
-                await self._discard(worker)
-            await self._fail_load(copy, error, time.perf_counter() - started)
+            if isinstance(exc, _HalfLoaded):
+                await self._discard(exc.worker)
+            self._fail_load(copy, error, time.perf_counter() - started)
             if isinstance(exc, asyncio.CancelledError):
                 raise
             return
-        async with self._lock:
-            refusal = self._admit_locked(copy, worker, measured)
+        seconds = time.perf_counter() - started
+        refusal = self._admit_loaded(copy, worker, measured, seconds)
         if refusal is not None:
             await self._discard(worker)
-            await self._fail_load(copy, refusal, time.perf_counter() - started)
+            self._fail_load(copy, refusal, seconds)
             return
-        self._observer.load_finished(spec, time.perf_counter() - started, ok=True)
+        self._observer.load_finished(spec, seconds, ok=True)
         self._observer.model_bytes(spec, copy.bytes)
         self._observer.memory_used(self.used_bytes())
-        log.info("loaded %s (%s) in %.2fs", spec.id, format_bytes(copy.bytes), time.perf_counter() - started)
+        log.info("loaded %s (%s) in %.3fs", spec.id, format_bytes(copy.bytes), seconds)
         copy.loading.set_result(None)
+        self._admit_queued()
 
-    def _admit_locked(self, copy: _Copy, worker: FrameworkWorker, measured: int) -> errors.ModelplaneError | None:
+    def _create_and_load(self, spec: ModelSpec) -> tuple[FrameworkWorker, int]:
+        worker = self._create_worker(spec, self.context)
+        try:
+            worker.load()
+            return worker, worker.measured_bytes()
+        except BaseException as exc:
+            raise _HalfLoaded(worker, exc) from exc
+
+    def _admit_loaded(self, copy: _Copy, worker: FrameworkWorker, measured: int, seconds: float) -> errors.ModelplaneError | None:
         """Make the loaded copy READY and evict what no longer fits; or say why it cannot stay."""
         spec = copy.spec
-        size = self._measured[spec.id] = measured if measured > 0 else copy.bytes
+        size = measured if measured > 0 else copy.bytes
+        stats = self._stats_of(spec.id)
+        stats.measured_bytes, stats.load_seconds = size, seconds
         if size > self.memory_budget:
             return errors.ModelTooLarge(
                 f"model {spec.id!r} measured {format_bytes(size)} after loading, more than this worker's "
                 f"whole memory budget of {format_bytes(self.memory_budget)}; nothing was evicted"
             )
+        self._release_promises(spec.id)  # chosen again below, with the measured size
         copy.bytes = size
-        victims = self._victims_locked(extra_bytes=0, extra_slots=0, exclude=spec.id)
+        # Copies still unloading were already given up for loads admitted before this one: their
+        # memory is that earlier room, so only what is not leaving counts here.
+        victims = self._victims(extra_bytes=0, extra_slots=0, exclude=spec.id, count_unloading=False)
         if victims is None:
-            return self._no_capacity(spec, size)
+            return errors.NoCapacity(
+                f"model {spec.id!r} measured {format_bytes(size)} after loading, and no room for it can be "
+                f"made within the memory budget of {format_bytes(self.memory_budget)}; {self._occupancy()}"
+            )
         now = self._clock()
         copy.worker, copy.state, copy.loaded_at, copy.last_used = worker, CopyState.READY, now, now
         self._failures.pop(spec.id, None)
         for victim in victims:
-            self._begin_unload_locked(self._copies[victim.model_id], evicted=True)
+            self._begin_unload(self._copies[victim.model_id], evicted=True)
         return None
 
-    async def _fail_load(self, copy: _Copy, error: errors.ModelplaneError, seconds: float) -> None:
-        async with self._lock:
-            if self._copies.get(copy.spec.id) is copy:
-                del self._copies[copy.spec.id]
-            self._failures[copy.spec.id] = _Failure(error, self._clock())
+    def _fail_load(self, copy: _Copy, error: errors.ModelplaneError, seconds: float) -> None:
+        if self._copies.get(copy.spec.id) is copy:
+            del self._copies[copy.spec.id]
+        self._release_promises(copy.spec.id)
+        self._failures[copy.spec.id] = _Failure(error, self._clock())
         log.warning("load of %s failed: %s", copy.spec.id, error.message)
         self._observer.load_finished(copy.spec, seconds, ok=False)
         self._observer.memory_used(self.used_bytes())
         copy.loading.set_exception(error)
         copy.loading.add_done_callback(lambda future: future.exception())  # retrieved, even with no waiter
+        self._admit_queued()
+
+    def _release_promises(self, model_id: str) -> None:
+        for other in self._copies.values():
+            if other.promised_to == model_id:
+                other.promised_to = None
 
     async def _discard(self, worker: FrameworkWorker) -> None:
         """Unload a worker that will not be kept (failed half-way or refused after measuring)."""
@@ -415,30 +681,37 @@ class ModelManager:
 
     # ----- eviction ------------------------------------------------------
 
-    def _victims_locked(self, extra_bytes: int, extra_slots: int, exclude: str | None) -> list[eviction.Candidate] | None:
-        """Copies to evict so that everything counted plus the extra fits; None when impossible."""
-        counted = [copy for copy in self._copies.values() if copy.counts_towards_budget]
+    def _victims(self, extra_bytes: int, extra_slots: int, exclude: str | None,
+                 count_unloading: bool) -> list[Candidate] | None:
+        """Copies to evict so that everything counted plus the extra fits; None when impossible now.
+
+        A new load (`count_unloading`) waits for copies being unloaded to be gone: their memory is
+        not free yet. A finished load does not count them again (see `_admit_loaded`)."""
+        counted = [copy for copy in self._copies.values() if copy.counts_towards_budget
+                   and (count_unloading or copy.state is not CopyState.UNLOADING)]
         bytes_needed = sum(copy.bytes for copy in counted) + extra_bytes - self.memory_budget
         slots_needed = len(counted) + extra_slots - self.max_models if self.max_models else 0
+        if bytes_needed <= 0 and slots_needed <= 0:
+            return []
+        now = self._clock()
         candidates = [
-            eviction.Candidate(key, copy.bytes, copy.last_used, copy.loaded_at, copy.inflight)
+            self._candidate(key, copy, now)
             for key, copy in self._copies.items()
-            if copy.state is CopyState.READY and key != exclude and not self.is_pinned(key)
+            if copy.state is CopyState.READY and copy.promised_to is None and key != exclude and not self.is_pinned(key)
         ]
-        return eviction.choose_victims(self.policy, candidates, self._clock(), bytes_needed, slots_needed)
+        return choose_victims(self.policy, candidates, bytes_needed, slots_needed)
 
-    def _no_capacity(self, spec: ModelSpec, size: int) -> errors.NoCapacity:
-        pinned = [key for key in self._copies if self.is_pinned(key)]
-        loading = [key for key, copy in self._copies.items() if copy.state is CopyState.LOADING and key != spec.id]
-        return errors.NoCapacity(
-            f"no room for model {spec.id!r} ({format_bytes(size)}) within the memory budget of "
-            f"{format_bytes(self.memory_budget)}"
-            + (f" and the limit of {self.max_models} models" if self.max_models else "")
-            + f"; pinned: {', '.join(pinned) or 'none'}; still loading: {', '.join(loading) or 'none'}"
+    def _candidate(self, key: str, copy: _Copy, now: float) -> Candidate:
+        stats = self._stats_of(key)
+        return Candidate(
+            model_id=key, bytes=copy.bytes, idle_s=now - copy.last_used, age_s=now - copy.loaded_at,
+            load_seconds=stats.load_seconds, frequency=stats.demand.value(now),
+            inflight=copy.inflight, queued=copy.queued,
         )
 
-    def _begin_unload_locked(self, copy: _Copy, evicted: bool) -> None:
+    def _begin_unload(self, copy: _Copy, evicted: bool) -> None:
         copy.state = CopyState.UNLOADING
+        copy.promised_to = None
         copy.gone = asyncio.get_running_loop().create_future()
         if evicted:
             log.info("evicting %s (%s)", copy.spec.id, format_bytes(copy.bytes))
@@ -453,12 +726,12 @@ class ModelManager:
         except Exception:  # noqa: BLE001 - the copy is gone either way
             log.exception("unload of %s raised; dropping it anyway", copy.spec.id)
         copy.worker = None
-        async with self._lock:
-            if self._copies.get(copy.spec.id) is copy:
-                del self._copies[copy.spec.id]
+        if self._copies.get(copy.spec.id) is copy:
+            del self._copies[copy.spec.id]
         self._observer.model_bytes(copy.spec, None)
         self._observer.memory_used(self.used_bytes())
         copy.gone.set_result(None)
+        self._admit_queued()
 
     # ----- a backend that lost its models ----------------------------------
 
@@ -478,15 +751,14 @@ class ModelManager:
         held = await held_now()
         if held is None:
             return []
-        async with self._lock:
-            lost = [
-                copy for key, copy in self._copies.items()
-                if copy.state is CopyState.READY and copy.spec.framework is framework
-                and copy.loaded_at <= asked_at and key not in held
-            ]
-            for copy in lost:
-                log.warning("%s no longer holds %s (restarted?); dropping it so it loads again", framework.value, copy.spec.id)
-                self._begin_unload_locked(copy, evicted=False)
+        lost = [
+            copy for key, copy in self._copies.items()
+            if copy.state is CopyState.READY and copy.spec.framework is framework
+            and copy.loaded_at <= asked_at and key not in held
+        ]
+        for copy in lost:
+            log.warning("%s no longer holds %s (restarted?); dropping it so it loads again", framework.value, copy.spec.id)
+            self._begin_unload(copy, evicted=False)
         if lost:
             self._observer.memory_used(self.used_bytes())
         return sorted(copy.spec.id for copy in lost)
@@ -516,6 +788,11 @@ class ModelManager:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        for ticket in self._queue.values():
+            if not ticket.admitted.done():
+                ticket.admitted.set_exception(errors.BackendUnavailable("the worker is shutting down"))
+                ticket.admitted.add_done_callback(lambda future: future.exception())
+        self._queue.clear()
         loop = asyncio.get_running_loop()
         for copy in list(self._copies.values()):
             if copy.worker is not None:
@@ -530,6 +807,15 @@ class ModelManager:
         task.add_done_callback(self._tasks.discard)
 
 
+class _HalfLoaded(Exception):
+    """A load that failed after its worker was created: the worker must still be unloaded."""
+
+    def __init__(self, worker: FrameworkWorker, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.worker = worker
+        self.cause = cause
+
+
 async def _attempt(awaitable: Awaitable[None]) -> bool:
     try:
         await awaitable
@@ -541,6 +827,8 @@ async def _attempt(awaitable: Awaitable[None]) -> bool:
 
 def _as_load_error(spec: ModelSpec, exc: BaseException) -> errors.ModelplaneError:
     """Every load failure as a ModelplaneError whose message names the model and the cause."""
+    if isinstance(exc, _HalfLoaded):
+        exc = exc.cause
     prefix = f"loading model {spec.id!r} failed: "
     if isinstance(exc, asyncio.CancelledError):
         return errors.ModelLoadFailed(prefix + "cancelled (the worker is shutting down)")

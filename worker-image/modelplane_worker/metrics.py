@@ -34,6 +34,15 @@ class WorkerMetrics:
         self.bytes = Gauge(names.MODEL_BYTES, "Measured bytes of each loaded model", model_labels, registry=self.registry)
         self.used = Gauge(names.MEMORY_USED_BYTES, "Bytes held by loaded and loading models", ["pod"], registry=self.registry)
         self.budget = Gauge(names.MEMORY_BUDGET_BYTES, "The worker's memory budget", ["pod"], registry=self.registry)
+        self.queued = Gauge(names.QUEUED_REQUESTS, "Requests waiting in the admission queue for room", model_labels, registry=self.registry)
+        self.queue_wait = Histogram(
+            names.QUEUE_WAIT_SECONDS, "Time requests waited in the admission queue", model_labels, buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.refusals = Counter(
+            names.REFUSALS_TOTAL, "Requests refused for lack of room (503 with Retry-After), by reason",
+            [*model_labels, "reason"], registry=self.registry,
+        )
         self.budget.labels(pod).set(memory_budget)
         self.used.labels(pod).set(0)
 
@@ -66,6 +75,16 @@ class WorkerMetrics:
 
     def memory_used(self, used: int) -> None:
         self.used.labels(self.pod).set(used)
+
+    def queue_length(self, spec: ModelSpec, waiting: int) -> None:
+        self.queued.labels(*self._labels(spec)).set(waiting)
+
+    def queue_left(self, spec: ModelSpec, seconds: float, outcome: str) -> None:
+        """A request left the admission queue: admitted, or refused (queue_full, deadline), failed, cancelled."""
+        if outcome in ("queue_full", "deadline"):
+            self.refusals.labels(*self._labels(spec), outcome).inc()
+        if outcome != "queue_full":
+            self.queue_wait.labels(*self._labels(spec)).observe(seconds)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

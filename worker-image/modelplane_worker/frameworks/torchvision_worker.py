@@ -9,10 +9,12 @@ normalised), the way Triton and KServe treat tensors.
 """
 from __future__ import annotations
 
+import weakref
 import base64
 import binascii
 import io
 import json
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -213,8 +215,9 @@ class TorchvisionWorker(FrameworkWorker):
         return list(self._description.labels) if self._description else []
 
     def unload(self) -> None:
+        dropped = [weakref.ref(self._model)] if self._model is not None else []
         self._model = None
-        memory.release()
+        memory.release(dropped)
 
     def measured_bytes(self) -> int:
         return self._bytes

@@ -8,6 +8,7 @@ hub is never asked.
 from __future__ import annotations
 
 import threading
+import weakref
 from typing import Any
 
 import numpy as np
@@ -141,9 +142,10 @@ class TransformersWorker(FrameworkWorker):
         return list(self._labels)
 
     def unload(self) -> None:
+        dropped = [weakref.ref(self._model)] if self._model is not None else []
         self._model = None
         self._tokenizer = None
-        memory.release()
+        memory.release(dropped)
 
     def measured_bytes(self) -> int:
         return self._bytes

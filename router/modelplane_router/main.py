@@ -15,7 +15,6 @@ from typing import Sequence
 import uvicorn
 
 from modelplane_common import labels, quantity
-from modelplane_router import placement
 from modelplane_router.api import DEFAULT_MAX_BODY_BYTES, create_app
 from modelplane_router.discovery import Discovery, KubeDiscovery, StaticDiscovery, read_model_store
 from modelplane_router.replication import ReplicationSettings
@@ -51,7 +50,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--replicate-inflight-per-copy", type=float, default=float(env("MODELPLANE_ROUTER_REPLICATE_INFLIGHT", "4")))
     p.add_argument("--replicate-window", type=float, default=float(env("MODELPLANE_ROUTER_REPLICATE_WINDOW", "5")))
     p.add_argument("--idle-copy-seconds", type=float, default=float(env("MODELPLANE_ROUTER_IDLE_COPY_SECONDS", "60")))
-    p.add_argument("--churn-guard-seconds", type=float, default=float(env("MODELPLANE_ROUTER_CHURN_GUARD_SECONDS", "30")))
+    p.add_argument("--churn-guard-seconds", type=float, default=float(env("MODELPLANE_ROUTER_CHURN_GUARD_SECONDS", "30")),
+                   help="replication: no copy added right after one was removed, and the reverse, for this long "
+                        "(eviction follows each worker's own churn guard, from its report)")
     p.add_argument("--log-level", default=env("MODELPLANE_LOG_LEVEL", "info"))
     return p.parse_args(argv)
 
@@ -88,7 +89,6 @@ def build_settings(args: argparse.Namespace) -> RouterSettings:
             idle_s=args.idle_copy_seconds,
             churn_guard_s=args.churn_guard_seconds,
         ),
-        placement=placement.PlacementSettings(churn_guard_s=args.churn_guard_seconds),
     )
 
 

@@ -16,7 +16,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Iterable
 
-from modelplane_common.wire import CopyState, WorkerStatus
+from modelplane_common.eviction import Candidate
+from modelplane_common.wire import CopyState, ModelCopy, WorkerStatus
 
 
 @dataclasses.dataclass
@@ -29,6 +30,20 @@ class CopyView:
     pinned: bool = False
     last_used_s: float = 0.0
     loaded_at_s: float = 0.0
+    load_seconds: float = 0.0
+    frequency: float = 0.0
+    inflight: int = 0
+    queued: int = 0
+
+    @classmethod
+    def of(cls, copy: ModelCopy) -> "CopyView":
+        return cls(copy.id, copy.state, copy.bytes, copy.pinned, copy.last_used_s, copy.loaded_at_s,
+                   copy.load_seconds, copy.frequency, copy.inflight, copy.queued)
+
+    def candidate(self) -> Candidate:
+        """This copy as the shared eviction policy sees it (the worker decides from the same figures)."""
+        return Candidate(self.model, self.bytes, self.last_used_s, self.loaded_at_s, self.load_seconds,
+                         self.frequency, self.inflight, self.queued)
 
 
 @dataclasses.dataclass
@@ -41,6 +56,9 @@ class PodView:
     ready: bool = True
     budget_bytes: int = 0
     free_bytes: int = 0
+    max_models: int | None = None
+    churn_guard_s: float = 0.0
+    queued: int = 0  # requests waiting in its admission queue
     copies: dict[str, CopyView] = dataclasses.field(default_factory=dict)
     catalog: dict[str, int] = dataclasses.field(default_factory=dict)  # model id -> estimated bytes
 
@@ -67,9 +85,7 @@ class ModelMap:
 
     def apply_status(self, url: str, status: WorkerStatus, node: str = "") -> None:
         """Replace what the map knows of `url` with the worker's own report."""
-        copies = {
-            c.id: CopyView(c.id, c.state, c.bytes, c.pinned, c.last_used_s, c.loaded_at_s) for c in status.models
-        }
+        copies = {c.id: CopyView.of(c) for c in status.models}
         catalog = {e.id: e.memory_bytes for e in status.catalog}
         previous = self._pods.get(url)
         self._pods[url] = PodView(
@@ -79,6 +95,9 @@ class ModelMap:
             ready=status.ready,
             budget_bytes=status.memory_budget_bytes,
             free_bytes=status.free_bytes,
+            max_models=status.max_models,
+            churn_guard_s=status.churn_guard_s,
+            queued=status.queued_requests,
             copies=copies,
             catalog=catalog,
         )
@@ -172,6 +191,16 @@ class ModelMap:
         pod = self._pods[url]
         reserved = sum(n for (u, m), n in self._reserved.items() if u == url and not pod.holds(m))
         return pod.free_bytes - reserved
+
+    def free_slots(self, url: str) -> int | None:
+        """Copies the pod may still add under its model count limit (None: no limit), less the
+        router's own unreported loads."""
+        pod = self._pods[url]
+        if pod.max_models is None:
+            return None
+        held = sum(1 for c in pod.copies.values() if c.state != CopyState.FAILED)
+        reserved = sum(1 for (u, m) in self._reserved if u == url and not pod.holds(m))
+        return pod.max_models - held - reserved
 
     def known_models(self) -> set[str]:
         """Every model some pod can load or holds."""

@@ -2,10 +2,14 @@
 
 Cold models are bin-packed: the pod where the model fits with the least room
 left over (best fit), so pods fill up and idle pods can be removed. When no
-pod has room, the pod whose evictions cost least: the worker evicts least
-recently used copies first, so the plan takes them in that order, and a copy
-costs its bytes weighted by how recently it was used. Pinned copies and
-copies loaded less than the churn guard ago are never planned for eviction.
+pod has room, the pod whose evictions cost least, planned with the worker's
+own eviction policy (``modelplane_common.eviction``, fed from the worker's
+report), so the router's plan is the worker's decision: the victims are the
+ones the worker will pick, and their cost is the reload seconds they give up.
+Pinned copies are never planned for eviction, copies requests wait for
+neither. When no pod can make room now, the model queues on the pod where
+it could fit with the shortest admission queue (the worker waits for room
+within the request's deadline) rather than being refused.
 
 Every choice is deterministic: free bytes are compared in buckets of
 ``granularity_bytes`` and ties are broken by rendezvous hashing of
@@ -18,22 +22,10 @@ import dataclasses
 import hashlib
 from typing import Iterable, Sequence
 
+from modelplane_common.eviction import Candidate, EvictionPolicy, choose_victims, eviction_cost
 from modelplane_common.wire import CopyState
 
 DEFAULT_GRANULARITY_BYTES = 16 * 2**20
-DEFAULT_RECENCY_SCALE_S = 60.0
-
-
-@dataclasses.dataclass(frozen=True)
-class ResidentCopy:
-    """A copy already on a pod, with what eviction needs to know about it."""
-
-    model: str
-    bytes: int
-    idle_s: float = 0.0  # seconds since it last served a request
-    age_s: float = 0.0  # seconds since its load finished
-    pinned: bool = False
-    ready: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,22 +37,24 @@ class PodRoom:
     free_bytes: int
     budget_bytes: int
     node: str = ""
-    copies: tuple[ResidentCopy, ...] = ()
+    evictable: tuple[Candidate, ...] = ()  # ready, unpinned copies, as the worker's policy sees them
+    policy: EvictionPolicy = EvictionPolicy()  # the worker's own settings
+    free_slots: int | None = None  # room left under the worker's model count limit; None: no limit
+    pinned_bytes: int = 0  # held by copies that never leave
+    queued: int = 0  # requests waiting in its admission queue
 
 
 @dataclasses.dataclass(frozen=True)
 class Decision:
     url: str
-    reason: str  # "fit" or "evict"
+    reason: str  # "fit", "evict" or "queue"
     evicts: tuple[str, ...] = ()
-    cost: float = 0.0
+    cost: float = 0.0  # reload seconds the evictions give up
 
 
 @dataclasses.dataclass(frozen=True)
 class PlacementSettings:
     granularity_bytes: int = DEFAULT_GRANULARITY_BYTES
-    recency_scale_s: float = DEFAULT_RECENCY_SCALE_S
-    churn_guard_s: float = 30.0
 
 
 def rendezvous_score(model: str, pod_name: str) -> int:
@@ -69,34 +63,31 @@ def rendezvous_score(model: str, pod_name: str) -> int:
     return int.from_bytes(digest, "big")
 
 
-def eviction_plan(
-    pod: PodRoom, need_bytes: int, settings: PlacementSettings
-) -> tuple[tuple[str, ...], float] | None:
-    """Copies the worker would evict (LRU first) to make room, and their cost; None if it cannot."""
+def has_room(pod: PodRoom, need_bytes: int) -> bool:
+    return pod.free_bytes >= need_bytes and (pod.free_slots is None or pod.free_slots >= 1)
+
+
+def could_ever_fit(pod: PodRoom, need_bytes: int) -> bool:
+    """Whether evicting everything that may leave would make room (pinned copies never do)."""
+    return need_bytes <= pod.budget_bytes - pod.pinned_bytes
+
+
+def eviction_plan(pod: PodRoom, need_bytes: int) -> tuple[tuple[str, ...], float] | None:
+    """Copies the worker would evict to make room now, and what they cost; None if it cannot now."""
     if need_bytes > pod.budget_bytes:
         return None
-    evictable = sorted(
-        (c for c in pod.copies if c.ready and not c.pinned and c.age_s >= settings.churn_guard_s),
-        key=lambda c: c.idle_s,
-        reverse=True,
-    )
-    free, victims, cost = pod.free_bytes, [], 0.0
-    for copy in evictable:
-        if free >= need_bytes:
-            break
-        victims.append(copy.model)
-        free += copy.bytes
-        cost += copy.bytes / (1.0 + copy.idle_s / settings.recency_scale_s)
-    if free < need_bytes:
+    slots_needed = 0 if pod.free_slots is None else 1 - pod.free_slots
+    victims = choose_victims(pod.policy, pod.evictable, need_bytes - pod.free_bytes, slots_needed)
+    if victims is None:
         return None
-    return tuple(victims), cost
+    return tuple(victim.model_id for victim in victims), eviction_cost(victims)
 
 
 def best_fit(
     model: str, need_bytes: int, pods: Iterable[PodRoom], settings: PlacementSettings = PlacementSettings()
 ) -> Decision | None:
     """The pod with the least room left after the model fits, or None if it fits nowhere as is."""
-    fitting = [p for p in pods if p.free_bytes >= need_bytes]
+    fitting = [p for p in pods if has_room(p, need_bytes)]
     if not fitting:
         return None
     g = max(1, settings.granularity_bytes)
@@ -107,10 +98,10 @@ def best_fit(
 def cheapest_eviction(
     model: str, need_bytes: int, pods: Iterable[PodRoom], settings: PlacementSettings = PlacementSettings()
 ) -> Decision | None:
-    """The pod whose evictions cost least, or None if no pod can make room."""
+    """The pod whose evictions cost least, or None if no pod can make room now."""
     plans = []
     for pod in pods:
-        plan = eviction_plan(pod, need_bytes, settings)
+        plan = eviction_plan(pod, need_bytes)
         if plan is not None:
             plans.append((plan[1], -rendezvous_score(model, pod.name), pod, plan[0]))
     if not plans:
@@ -119,11 +110,22 @@ def cheapest_eviction(
     return Decision(pod.url, "evict", victims, cost)
 
 
+def shortest_queue(model: str, need_bytes: int, pods: Iterable[PodRoom]) -> Decision | None:
+    """Where to wait for room when none can be made now: the shortest admission queue it could ever leave."""
+    possible = [p for p in pods if could_ever_fit(p, need_bytes)]
+    if not possible:
+        return None
+    chosen = min(possible, key=lambda p: (p.queued, -rendezvous_score(model, p.name)))
+    return Decision(chosen.url, "queue")
+
+
 def place_cold(
     model: str, need_bytes: int, pods: Sequence[PodRoom], settings: PlacementSettings = PlacementSettings()
 ) -> Decision | None:
-    """Where a model with no copy goes: best fit, else cheapest eviction, else None (no capacity)."""
-    return best_fit(model, need_bytes, pods, settings) or cheapest_eviction(model, need_bytes, pods, settings)
+    """Where a model with no copy goes: best fit, else cheapest eviction, else the shortest queue,
+    else None (it fits on no pod even when empty)."""
+    return (best_fit(model, need_bytes, pods, settings) or cheapest_eviction(model, need_bytes, pods, settings)
+            or shortest_queue(model, need_bytes, pods))
 
 
 def place_replica(
@@ -138,8 +140,8 @@ def place_replica(
     busy_nodes = {p.node for p in pods if p.url in holder_urls and p.node}
     others = [p for p in pods if p.url not in holder_urls]
     other_nodes = [p for p in others if not p.node or p.node not in busy_nodes]
-    for candidates in (other_nodes, others):
-        decision = place_cold(model, need_bytes, candidates, settings)
+    for candidates in (other_nodes, others):  # never a queue: an extra copy is worth it only with room now
+        decision = best_fit(model, need_bytes, candidates, settings) or cheapest_eviction(model, need_bytes, candidates, settings)
         if decision is not None:
             return decision
     return None
@@ -158,21 +160,16 @@ def rooms_from_map(model_map: "ModelMapLike") -> list[PodRoom]:
     """Snapshots of the map's ready pods, with the router's own pending loads subtracted."""
     rooms = []
     for pod in model_map.ready_pods():
-        copies = tuple(
-            ResidentCopy(
-                model=c.model,
-                bytes=c.bytes,
-                idle_s=c.last_used_s,
-                age_s=c.loaded_at_s,
-                pinned=c.pinned,
-                ready=c.state == CopyState.READY,
-            )
-            for c in pod.copies.values()
-        )
-        rooms.append(PodRoom(pod.url, pod.name, model_map.free_bytes(pod.url), pod.budget_bytes, pod.node, copies))
+        evictable = tuple(c.candidate() for c in pod.copies.values() if c.state == CopyState.READY and not c.pinned)
+        pinned = sum(c.bytes for c in pod.copies.values() if c.pinned and c.state != CopyState.FAILED)
+        rooms.append(PodRoom(
+            pod.url, pod.name, model_map.free_bytes(pod.url), pod.budget_bytes, pod.node, evictable,
+            EvictionPolicy(churn_guard_s=pod.churn_guard_s), model_map.free_slots(pod.url), pinned, pod.queued,
+        ))
     return rooms
 
 
 class ModelMapLike:  # pragma: no cover - typing aid only
     def ready_pods(self) -> list: ...
     def free_bytes(self, url: str) -> int: ...
+    def free_slots(self, url: str) -> int | None: ...

@@ -19,11 +19,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import random
 import time
 from typing import Awaitable, Callable, Mapping
 
 from modelplane_common import errors
+from modelplane_common.quantity import format_bytes
+from modelplane_common.wire import TIMEOUT_HEADER
 from modelplane_router import placement
 from modelplane_router.model_map import ModelMap
 from modelplane_router.replication import Action, ModelLimits, ReplicationPolicy
@@ -54,6 +57,7 @@ class Router:
         retry_after_s: int = 5,
         eligible: Callable[[str, str], bool] = lambda model, url: True,
         clock: Callable[[], float] = time.monotonic,
+        request_timeout_s: float = 60.0,
     ) -> None:
         self.model_map = model_map
         self.client = client
@@ -66,6 +70,7 @@ class Router:
         self.retry_after_s = retry_after_s
         self.eligible = eligible  # (model, pod url) -> may a new copy go there (dedicated pools)
         self.clock = clock
+        self.request_timeout_s = request_timeout_s
         self._loads: dict[str, asyncio.Future[None]] = {}
         self._retry: dict[str, tuple[float, float]] = {}  # model -> (no background load before, last delay)
         self._background: set[asyncio.Task[None]] = set()
@@ -87,23 +92,48 @@ class Router:
                 raise errors.BackendUnavailable(f"no dedicated pod of {model!r} is ready yet", self.retry_after_s)
             raise errors.ModelNotFound(f"model {model!r} is not served by any worker")
 
-    async def ready_copies(self, model: str) -> list[str]:
-        """Ready copies of `model`, loading it first (once, however many callers wait) if it has none."""
+    def deadline(self, headers: Mapping[str, str] | None = None) -> float:
+        """When a request must be answered (event-loop time): the router's request timeout, or the
+        caller's shorter ``X-Modelplane-Timeout``."""
+        budget = self.request_timeout_s
+        asked = (headers or {}).get(TIMEOUT_HEADER)
+        if asked is not None:
+            try:
+                seconds = float(asked)
+            except ValueError:
+                seconds = math.nan
+            if not math.isfinite(seconds) or seconds <= 0:
+                raise errors.BadInput(f"{TIMEOUT_HEADER} must be a positive number of seconds, got {asked!r}")
+            budget = min(budget, seconds)
+        return asyncio.get_running_loop().time() + budget
+
+    def time_left(self, deadline: float) -> float:
+        return max(0.0, deadline - asyncio.get_running_loop().time())
+
+    async def ready_copies(self, model: str, deadline: float | None = None) -> list[str]:
+        """Ready copies of `model`, loading it first (once, however many callers wait) if it has none;
+        waiting at most until `deadline`."""
         urls = self.model_map.ready_copies(model)
         if urls:
             return urls
         self.check_known(model)
+        deadline = deadline if deadline is not None else self.deadline()
         future = self._loads.get(model)
         if future is None:
-            future = asyncio.ensure_future(self._load_cold(model))
+            future = asyncio.ensure_future(self._load_cold(model, self.time_left(deadline)))
             self._loads[model] = future
             future.add_done_callback(lambda f, m=model: self._loads.pop(m, None) if self._loads.get(m) is f else None)
-        await asyncio.shield(future)
+        try:
+            await asyncio.wait_for(asyncio.shield(future), self.time_left(deadline))
+        except (asyncio.TimeoutError, TimeoutError):
+            raise errors.NoCapacity(
+                f"model {model!r} is still being loaded and the request's deadline passed", self.retry_after_s
+            ) from None
         urls = self.model_map.ready_copies(model)
         # A status poll that started before the load finished can land after it and hide the
         # new copy, and a worker may report itself unready for a moment while its Triton sidecar
         # loads (seen in e2e): the load succeeded, so re-read the pods for a few seconds first.
-        deadline = asyncio.get_running_loop().time() + POST_LOAD_SETTLE_S
+        deadline = min(deadline, asyncio.get_running_loop().time() + POST_LOAD_SETTLE_S)
         while not urls and asyncio.get_running_loop().time() < deadline:
             await self.sync.refresh_all()
             urls = self.model_map.ready_copies(model)
@@ -115,49 +145,70 @@ class Router:
 
     # --- placing a cold model ------------------------------------------------------------
 
-    async def _load_cold(self, model: str) -> None:
+    async def _load_cold(self, model: str, timeout_s: float) -> None:
+        deadline = asyncio.get_running_loop().time() + timeout_s
         await self.sync.refresh_all()
         if self.model_map.ready_copies(model):
             return
         for url in self.model_map.loading_copies(model):  # another router is loading it: join that load
             try:
-                await self.client.load(url, model)
+                await self.client.load(url, model, self.time_left(deadline))
                 self.model_map.record_loaded(url, model, self.model_map.estimated_bytes(model))
                 return
             except PodUnreachable:
                 self.model_map.remove_pod(url)
         self.check_known(model)
-        for _ in range(2):  # a pod that vanishes mid-load costs one more placement
-            decision = self.place(model, holders=())
+        tried: set[str] = set()
+        last: Exception | None = None
+        for _ in range(max(2, len(self.model_map.pods()))):
+            decision = self.place(model, holders=(), exclude=tried)
             try:
-                await self.load_on(decision, model)
+                await self.load_on(decision, model, self.time_left(deadline))
                 return
-            except PodUnreachable as exc:
+            except PodUnreachable as exc:  # a pod that vanished mid-load costs one more placement
                 self.model_map.remove_pod(exc.url)
+                last = exc
+            except WorkerError as exc:
+                if exc.status_code != 503 or self.time_left(deadline) <= 0:
+                    raise
+                # That pod's queue was full or its wait too long: another pod may have room.
+                log.info("%s refused %s (%s); placing it elsewhere", decision.url, model, exc.message)
+                await self.sync.refresh(decision.url)
+                tried.add(decision.url)
+                last = exc
+            if not self._others_to_try(model, tried):
+                break
+        if isinstance(last, errors.ModelplaneError):
+            raise last
         raise errors.BackendUnavailable(f"no worker could load {model!r}", self.retry_after_s)
 
-    def place(self, model: str, holders: tuple[str, ...] | list[str]) -> placement.Decision:
+    def _others_to_try(self, model: str, tried: set[str]) -> bool:
+        return any(p.url not in tried and self.eligible(model, p.url) for p in self.model_map.pods_with_catalog(model))
+
+    def place(self, model: str, holders: tuple[str, ...] | list[str], exclude: set[str] | frozenset[str] = frozenset()) -> placement.Decision:
         need = self.model_map.estimated_bytes(model)
-        capable = {p.url for p in self.model_map.pods_with_catalog(model) if self.eligible(model, p.url)}
+        capable = {p.url for p in self.model_map.pods_with_catalog(model) if self.eligible(model, p.url) and p.url not in exclude}
         rooms = [r for r in placement.rooms_from_map(self.model_map) if r.url in capable]
         if holders:
             decision = placement.place_replica(model, need, rooms, holders, self.placement_settings)
         else:
             decision = placement.place_cold(model, need, rooms, self.placement_settings)
         if decision is None:
+            if not capable:
+                raise errors.NoCapacity(f"no ready worker pod can take {model!r} now", self.retry_after_s)
             raise errors.NoCapacity(
-                f"no worker pod has room for {model!r} ({need} bytes) even after evicting idle models",
+                f"no worker pod has room for {model!r} ({format_bytes(need)}) even with every unpinned model evicted",
                 self.retry_after_s,
             )
         return decision
 
-    async def load_on(self, decision: placement.Decision, model: str) -> None:
+    async def load_on(self, decision: placement.Decision, model: str, timeout_s: float | None = None) -> None:
         need = self.model_map.estimated_bytes(model)
         self.model_map.reserve_load(decision.url, model, need)
         pod = self.model_map.pod(decision.url)
         log.info("loading %s on %s (%s; evicts %s)", model, decision.url, decision.reason, list(decision.evicts))
         try:
-            await self.client.load(decision.url, model)
+            await self.client.load(decision.url, model, timeout_s)
         finally:
             self.model_map.release_load(decision.url, model)
         self.model_map.record_loaded(decision.url, model, need)
@@ -166,9 +217,11 @@ class Router:
     # --- forwarding -----------------------------------------------------------------------
 
     async def forward(self, model: str, method: str, path: str, body: bytes, headers: Mapping[str, str]) -> UpstreamResponse:
-        """Send a request for `model` to a ready copy, retrying once elsewhere on failure."""
-        urls = await self.ready_copies(model)
+        """Send a request for `model` to a ready copy within its deadline, retrying once elsewhere on failure."""
+        deadline = self.deadline(headers)
+        urls = await self.ready_copies(model, deadline)
         self.policy.record_request(model)  # only known models: unknown names must not grow the policy's table
+        headers = {**headers, TIMEOUT_HEADER: f"{max(self.time_left(deadline), 0.001):.3f}"}
         first = self.choose_copy(model, urls)
         response = await self._try(first, model, method, path, body, headers)
         if response is not None and response.status_code < 500:
@@ -179,7 +232,7 @@ class Router:
             return response  # a 5xx with no other copy to try: the worker's answer stands
         if not others:
             # No other copy: the first pod, if it survived its status check, or a new placement.
-            others = await self.ready_copies(model)
+            others = await self.ready_copies(model, deadline)
         retried = await self._try(self.choose_copy(model, others), model, method, path, body, headers)
         if retried is not None:
             return retried

@@ -55,6 +55,7 @@ class RouterService:
             random.Random(settings.seed),
             settings.retry_after_s,
             self.eligible,
+            request_timeout_s=settings.request_timeout_s,
         )
         self._tasks: list[asyncio.Task[None]] = []
 

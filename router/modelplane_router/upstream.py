@@ -14,12 +14,12 @@ from typing import Any, Mapping
 import aiohttp
 
 from modelplane_common import errors
-from modelplane_common.wire import WorkerStatus
+from modelplane_common.wire import TIMEOUT_HEADER, WorkerStatus
 
 # Headers a worker's answer keeps on its way back through the router.
-PASSED_RESPONSE_HEADERS = ("content-type", "inference-header-content-length", "retry-after")
+PASSED_RESPONSE_HEADERS = ("content-type", "inference-header-content-length", "retry-after", "server-timing")
 # Headers a client's request keeps on its way to a worker.
-PASSED_REQUEST_HEADERS = ("content-type", "inference-header-content-length", "accept")
+PASSED_REQUEST_HEADERS = ("content-type", "inference-header-content-length", "accept", TIMEOUT_HEADER)
 
 
 class PodUnreachable(Exception):
@@ -110,8 +110,13 @@ class WorkerClient:
             raise WorkerError(response.status_code, f"status of {url}: {error_message(response)}")
         return WorkerStatus.model_validate_json(response.content)
 
-    async def load(self, url: str, model: str) -> None:
-        response = await self._send(url, "POST", f"/v2/repository/models/{model}/load", self.load_timeout)
+    async def load(self, url: str, model: str, timeout_s: float | None = None) -> None:
+        """Load `model` on `url` within the load timeout, or `timeout_s` (a request's time left) if shorter;
+        the worker may wait for room within that budget."""
+        budget = min(timeout_s, self.load_timeout.total or timeout_s) if timeout_s is not None else self.load_timeout.total
+        budget = max(budget or 0.0, 0.001)
+        response = await self._send(url, "POST", f"/v2/repository/models/{model}/load", aiohttp.ClientTimeout(total=budget),
+                                    headers={TIMEOUT_HEADER: f"{budget:.3f}"})
         if response.status_code >= 400:
             raise WorkerError(response.status_code, f"loading {model!r} on {url} failed: {error_message(response)}", response.headers)
 

@@ -61,7 +61,7 @@ class FakeClient:
     async def status(self, url: str) -> WorkerStatus:
         return self._pod(url).status()
 
-    async def load(self, url: str, model: str) -> None:
+    async def load(self, url: str, model: str, timeout_s: float | None = None) -> None:
         pod = self._pod(url)
         await asyncio.sleep(self.load_delay_s)
         pod.loads.append(model)

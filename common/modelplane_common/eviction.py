@@ -10,19 +10,22 @@ inflation clock. Old popularity fades with the half-life, so a popularity
 shift is followed, and the score depends only on each copy's own counters: a
 router computes the same order from a worker's ``/status`` report as the
 worker does from its table (``choose_victims`` is the one function both call).
+On the benchmark's heterogeneous trace this spends about 20% fewer load
+seconds than classic GDSF with its inflation clock (docs/benchmarks.md).
 
-Keep values within a factor of about 1.4 of each other count as equal, and
-between equals the least recently used copy goes first. Three rules come
-before the score, in this order:
+Folded into the order:
 
 - a copy that requests are already waiting for (``queued``) is never a victim:
   the batch that is waiting is served first (one batch per swap, the cure for
   thrashing when more models are wanted than fit);
-- copies loaded less than the churn guard ago go after every older one, so a
-  load that was just paid for is not thrown away at once; the guard orders
-  victims, it never refuses a load;
+- the churn guard: a copy younger than ``churn_guard_s`` counts up to twice
+  its value (double when brand new, fading to nothing at the guard's end), so
+  a load just paid for is not thrown away for an equal copy, yet never
+  outlives a clearly more valuable one; it orders victims, never refuses a load;
 - copies serving requests now go after idle ones (they are unloaded only once
-  their requests are done either way).
+  their requests are done either way);
+- values within a factor of about 1.4 count as equal (measured load times are
+  noisy), and between equals the least recently used goes first.
 """
 from __future__ import annotations
 
@@ -32,7 +35,7 @@ from typing import Iterable, Sequence
 
 from modelplane_common.wire import CopyState, ModelCopy, WorkerStatus
 
-DEFAULT_HALF_LIFE_S = 120.0
+DEFAULT_HALF_LIFE_S = 30.0
 DEFAULT_CHURN_GUARD_S = 10.0
 # A copy whose load was never measured still costs something to bring back.
 MIN_LOAD_SECONDS = 0.01
@@ -58,18 +61,24 @@ class EvictionPolicy:
 
     churn_guard_s: float = DEFAULT_CHURN_GUARD_S
 
-    def keep_value(self, candidate: Candidate) -> float:
-        """Reload seconds saved per byte by keeping `candidate` (higher: keep longer)."""
-        return _reload_cost(candidate) / max(candidate.bytes, 1)
+    def keep_value(self, candidate: Candidate, per_byte: bool = True) -> float:
+        """Reload seconds saved by keeping `candidate`, per byte it holds when bytes are short,
+        per copy when only a model-count slot is (higher: keep longer)."""
+        return _reload_cost(candidate) / max(candidate.bytes, 1) if per_byte else _reload_cost(candidate)
 
-    def order(self, candidates: Iterable[Candidate]) -> list[Candidate]:
-        """Candidates that may be evicted at all, first victim first (waited-for copies left out)."""
+    def _guard_factor(self, candidate: Candidate) -> float:
+        if self.churn_guard_s <= 0 or candidate.age_s >= self.churn_guard_s:
+            return 1.0
+        return 1.0 + (self.churn_guard_s - max(candidate.age_s, 0.0)) / self.churn_guard_s
 
-        def key(candidate: Candidate) -> tuple[bool, bool, int, float, str]:
+    def order(self, candidates: Iterable[Candidate], per_byte: bool = True) -> list[Candidate]:
+        """Candidates that may be evicted at all, first victim first (waited-for copies left out).
+        `per_byte`: bytes are what is short (else only a model-count slot is)."""
+
+        def key(candidate: Candidate) -> tuple[bool, int, float, str]:
             return (
-                candidate.age_s < self.churn_guard_s,
                 candidate.inflight > 0,
-                _value_band(self.keep_value(candidate)),
+                _value_band(self.keep_value(candidate, per_byte) * self._guard_factor(candidate)),
                 -candidate.idle_s,
                 candidate.model_id,
             )
@@ -88,7 +97,7 @@ def choose_victims(
         return []
     victims: list[Candidate] = []
     freed = 0
-    for candidate in policy.order(candidates):
+    for candidate in policy.order(candidates, per_byte=bytes_needed > 0):
         victims.append(candidate)
         freed += candidate.bytes
         if freed >= bytes_needed and len(victims) >= slots_needed:
@@ -102,8 +111,7 @@ def eviction_cost(victims: Iterable[Candidate]) -> float:
 
 
 def _value_band(value: float) -> int:
-    """Keep values within a factor of about 1.4 are equal (measured load times are noisy); between
-    equals the least recently used goes first, so equal models are evicted in LRU order."""
+    """Half-octave bands: values within a factor of about 1.4 compare equal."""
     return math.floor(math.log2(value) * 2) if value > 0 else -(2**31)
 
 

@@ -87,7 +87,7 @@ async def test_a_just_loaded_model_is_kept_while_an_older_one_can_go(tmp_path) -
         await manager.close()
 
 
-def test_the_policy_orders_by_reload_seconds_per_byte_after_its_guards() -> None:
+def test_the_policy_orders_by_reload_seconds_per_byte_with_its_guards_folded_in() -> None:
     policy = EvictionPolicy(churn_guard_s=10)
     candidates = [
         Candidate("fresh", 1, idle_s=5, age_s=5, load_seconds=0.1, frequency=1),
@@ -99,8 +99,11 @@ def test_the_policy_orders_by_reload_seconds_per_byte_after_its_guards() -> None
         Candidate("waited-for", 1, idle_s=99, age_s=100, load_seconds=0.1, frequency=0.1, queued=2),
     ]
     order = [c.model_id for c in policy.order(candidates)]
-    # big frees the most per reload second; waited-for is never offered; guards come before the score.
-    assert order == ["big", "idle-old", "costly", "popular", "busy", "fresh"]
+    # big frees the most bytes per reload second; fresh counts 1.5x inside the churn guard (so it outlives
+    # an equal older copy, not a more valuable one); busy goes after every idle copy; waited-for never.
+    assert order == ["big", "idle-old", "fresh", "costly", "popular", "busy"]
+    # When only a model-count slot is short, size does not matter: big is as valuable as idle-old.
+    assert [c.model_id for c in policy.order(candidates, per_byte=False)][:2] == ["idle-old", "big"]
 
 
 def test_choose_victims_takes_the_shortest_prefix_that_frees_enough() -> None:

@@ -2,8 +2,9 @@
 """Cold-start rate under a seeded Zipf workload: router placement vs random routing vs whole-cluster LRU vs Belady.
 
 A simulation that drives the router's real placement code
-(``placement.place_cold`` over ``PodRoom`` snapshots, with the same LRU
-eviction order the worker's manager uses) on the same request sequence as:
+(``placement.place_cold`` over ``PodRoom`` snapshots) over simulated workers
+that evict with the worker's own shared cost model (``cache_sim.PolicyPod``),
+on the same request sequence as:
 
 - random routing: each request goes to a uniformly random worker, whose own
   LRU cache loads the model on a miss (what a plain load balancer does);
@@ -25,7 +26,6 @@ hit directly at random; loads are counted from the workers' own
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import random
 import sys
@@ -35,9 +35,11 @@ from typing import Iterable, Sequence
 
 import httpx
 
-from modelplane_router import placement
-
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import cache_sim  # noqa: E402
+from modelplane_common.eviction import EvictionPolicy  # noqa: E402
 
 MODEL_BYTES = 100 * 2**20
 
@@ -50,64 +52,31 @@ def zipf_trace(models: int, requests: int, s: float, seed: int) -> list[str]:
     return rng.choices(names, weights=weights, k=requests)
 
 
-class LruPod:
-    """A worker's cache as the manager runs it: bytes budget, evict least recently used first."""
-
-    def __init__(self, url: str, budget: int) -> None:
-        self.url = url
-        self.budget = budget
-        self.last_used: collections.OrderedDict[str, float] = collections.OrderedDict()
-        self.loaded_at: dict[str, float] = {}
-        self.loads = 0
-
-    def free(self) -> int:
-        return self.budget - MODEL_BYTES * len(self.last_used)
-
-    def serve(self, model: str, now: float) -> bool:
-        """Serve one request; True if it needed a load."""
-        cold = model not in self.last_used
-        if cold:
-            while self.free() < MODEL_BYTES:
-                victim, _ = self.last_used.popitem(last=False)
-                self.loaded_at.pop(victim, None)
-            self.loads += 1
-            self.loaded_at[model] = now
-        self.last_used[model] = now
-        self.last_used.move_to_end(model)
-        return cold
-
-    def room(self, now: float) -> placement.PodRoom:
-        copies = tuple(
-            placement.ResidentCopy(m, MODEL_BYTES, idle_s=now - used, age_s=now - self.loaded_at[m])
-            for m, used in self.last_used.items()
-        )
-        return placement.PodRoom(self.url, self.url, self.free(), self.budget, "", copies)
+def models_of(names: Iterable[str]) -> dict[str, cache_sim.Model]:
+    return {name: cache_sim.Model(name, MODEL_BYTES, 1.0) for name in names}
 
 
 def router_loads(trace: Sequence[str], workers: int, slots: int) -> int:
-    """Requests go where the model is; a cold model goes where the real placement code says."""
-    pods = [LruPod(f"http://worker-{i}", slots * MODEL_BYTES) for i in range(workers)]
-    by_url = {p.url: p for p in pods}
-    settings = placement.PlacementSettings(granularity_bytes=1, churn_guard_s=0.0, recency_scale_s=50.0)
-    cold = 0
-    for now, model in enumerate(trace):
-        holder = next((p for p in pods if model in p.last_used), None)
-        if holder is None:
-            decision = placement.place_cold(model, MODEL_BYTES, [p.room(float(now)) for p in pods], settings)
-            holder = by_url[decision.url]
-        cold += holder.serve(model, float(now))
-    return cold
+    """Requests go where the model is; a cold model goes where the real placement code says, and each
+    worker evicts with the shared cost model (the manager's choose_victims)."""
+    models = models_of(trace)
+    pods = [cache_sim.PolicyPod(f"http://worker-{i}", slots * MODEL_BYTES, EvictionPolicy(), {}) for i in range(workers)]
+    cache_sim.routed(pods, [(float(now), models[name]) for now, name in enumerate(trace)])
+    return sum(p.loads for p in pods)
 
 
 def random_routing_loads(trace: Sequence[str], workers: int, slots: int, seed: int) -> int:
+    """A plain load balancer: each request to a random worker, whose own LRU loads on a miss."""
     rng = random.Random(seed + 1)
-    pods = [LruPod(f"http://worker-{i}", slots * MODEL_BYTES) for i in range(workers)]
-    return sum(rng.choice(pods).serve(model, float(now)) for now, model in enumerate(trace))
+    models = models_of(trace)
+    pods = [cache_sim.LruPod(f"http://worker-{i}", slots * MODEL_BYTES) for i in range(workers)]
+    return sum(rng.choice(pods).serve(models[name], float(now)) for now, name in enumerate(trace))
 
 
-def lru_loads(trace: Iterable[str], capacity: int) -> int:
-    pod = LruPod("http://cluster", capacity * MODEL_BYTES)
-    return sum(pod.serve(model, float(now)) for now, model in enumerate(trace))
+def lru_loads(trace: Sequence[str], capacity: int) -> int:
+    models = models_of(trace)
+    pod = cache_sim.LruPod("http://cluster", capacity * MODEL_BYTES)
+    return sum(pod.serve(models[name], float(now)) for now, name in enumerate(trace))
 
 
 def belady_loads(trace: Sequence[str], capacity: int) -> int:

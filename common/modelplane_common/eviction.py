@@ -78,7 +78,7 @@ class EvictionPolicy:
         def key(candidate: Candidate) -> tuple[bool, int, float, str]:
             return (
                 candidate.inflight > 0,
-                _value_band(self.keep_value(candidate, per_byte) * self._guard_factor(candidate)),
+                value_band(self.keep_value(candidate, per_byte) * self._guard_factor(candidate)),
                 -candidate.idle_s,
                 candidate.model_id,
             )
@@ -110,7 +110,7 @@ def eviction_cost(victims: Iterable[Candidate]) -> float:
     return sum(_reload_cost(victim) for victim in victims)
 
 
-def _value_band(value: float) -> int:
+def value_band(value: float) -> int:
     """Half-octave bands: values within a factor of about 1.4 compare equal."""
     return math.floor(math.log2(value) * 2) if value > 0 else -(2**31)
 

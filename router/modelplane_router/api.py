@@ -82,7 +82,7 @@ def create_app(service: RouterService, admin_token: str | None = None, max_body_
         started = time.perf_counter()
         code = "500"
         try:
-            upstream = await router.forward(name, "GET", request.url.path, b"", request.headers)
+            upstream = await router.forward(name, "GET", request.url.path, b"", request.headers, load=False)
             code = str(upstream.status_code)
             return passed_response(upstream)
         except errors.ModelplaneError as exc:

@@ -22,7 +22,7 @@ import dataclasses
 import hashlib
 from typing import Iterable, Sequence
 
-from modelplane_common.eviction import Candidate, EvictionPolicy, choose_victims, eviction_cost
+from modelplane_common.eviction import Candidate, EvictionPolicy, choose_victims, eviction_cost, value_band
 from modelplane_common.wire import CopyState
 
 DEFAULT_GRANULARITY_BYTES = 16 * 2**20
@@ -72,7 +72,18 @@ def could_ever_fit(pod: PodRoom, need_bytes: int) -> bool:
     return need_bytes <= pod.budget_bytes - pod.pinned_bytes
 
 
-def eviction_plan(pod: PodRoom, need_bytes: int) -> tuple[tuple[str, ...], float] | None:
+@dataclasses.dataclass(frozen=True)
+class EvictionPlan:
+    victims: tuple[str, ...]
+    cost: float  # reload seconds given up
+    bytes: int  # bytes given up
+
+    def rank(self) -> tuple[int, int]:
+        """Cheaper first; costs within the policy's noise band tie, and then fewer bytes lost wins."""
+        return value_band(self.cost), self.bytes
+
+
+def eviction_plan(pod: PodRoom, need_bytes: int) -> EvictionPlan | None:
     """Copies the worker would evict to make room now, and what they cost; None if it cannot now."""
     if need_bytes > pod.budget_bytes:
         return None
@@ -80,7 +91,7 @@ def eviction_plan(pod: PodRoom, need_bytes: int) -> tuple[tuple[str, ...], float
     victims = choose_victims(pod.policy, pod.evictable, need_bytes - pod.free_bytes, slots_needed)
     if victims is None:
         return None
-    return tuple(victim.model_id for victim in victims), eviction_cost(victims)
+    return EvictionPlan(tuple(v.model_id for v in victims), eviction_cost(victims), sum(v.bytes for v in victims))
 
 
 def best_fit(
@@ -99,15 +110,11 @@ def cheapest_eviction(
     model: str, need_bytes: int, pods: Iterable[PodRoom], settings: PlacementSettings = PlacementSettings()
 ) -> Decision | None:
     """The pod whose evictions cost least, or None if no pod can make room now."""
-    plans = []
-    for pod in pods:
-        plan = eviction_plan(pod, need_bytes)
-        if plan is not None:
-            plans.append((plan[1], -rendezvous_score(model, pod.name), pod, plan[0]))
+    plans = [(plan, pod) for pod in pods if (plan := eviction_plan(pod, need_bytes)) is not None]
     if not plans:
         return None
-    cost, _, pod, victims = min(plans, key=lambda t: (t[0], t[1]))
-    return Decision(pod.url, "evict", victims, cost)
+    plan, pod = min(plans, key=lambda t: (t[0].rank(), -rendezvous_score(model, t[1].name)))
+    return Decision(pod.url, "evict", plan.victims, plan.cost)
 
 
 def shortest_queue(model: str, need_bytes: int, pods: Iterable[PodRoom]) -> Decision | None:

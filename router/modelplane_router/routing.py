@@ -216,35 +216,71 @@ class Router:
 
     # --- forwarding -----------------------------------------------------------------------
 
-    async def forward(self, model: str, method: str, path: str, body: bytes, headers: Mapping[str, str]) -> UpstreamResponse:
-        """Send a request for `model` to a ready copy within its deadline, retrying once elsewhere on failure."""
+    async def forward(self, model: str, method: str, path: str, body: bytes, headers: Mapping[str, str],
+                      load: bool = True) -> UpstreamResponse:
+        """Send a request for `model` to a copy within its deadline, retrying once elsewhere on failure.
+
+        With no ready copy, the request itself goes to the pod where the model is loading or where
+        placement puts it: the worker loads it for this request (one load, however many requests
+        join) and serves it as soon as it is ready, before the copy could be evicted. `load=False`
+        (metadata): never place a copy; any pod that can load the model answers from its store."""
         deadline = self.deadline(headers)
-        urls = await self.ready_copies(model, deadline)
-        self.policy.record_request(model)  # only known models: unknown names must not grow the policy's table
-        headers = {**headers, TIMEOUT_HEADER: f"{max(self.time_left(deadline), 0.001):.3f}"}
-        first = self.choose_copy(model, urls)
-        response = await self._try(first, model, method, path, body, headers)
-        if response is not None and response.status_code < 500:
-            return response
-        self.metrics.retries.labels(model).inc()
-        others = [u for u in self.model_map.ready_copies(model) if u != first]
-        if not others and response is not None:
-            return response  # a 5xx with no other copy to try: the worker's answer stands
-        if not others:
-            # No other copy: the first pod, if it survived its status check, or a new placement.
-            others = await self.ready_copies(model, deadline)
-        retried = await self._try(self.choose_copy(model, others), model, method, path, body, headers)
-        if retried is not None:
-            return retried
+        tried: list[str] = []
+        response: UpstreamResponse | None = None
+        for attempt in range(2):
+            target = self._target(model, tried, load)
+            if target is None:
+                break
+            url, cold = target
+            if attempt == 0:
+                self.policy.record_request(model)  # only known models: unknown names must not grow the policy's table
+            else:
+                self.metrics.retries.labels(model).inc()
+            answer = await self._try(url, model, method, path, body, headers, deadline, cold and load)
+            response = answer or response
+            if answer is not None and answer.status_code < 500:
+                return answer
+            tried.append(url)
+            if self.time_left(deadline) <= 0:
+                break
         if response is not None:
-            return response
+            return response  # a 5xx with no other copy to try: the worker's answer stands
         raise errors.BackendUnavailable(f"no ready copy of {model!r} answered", self.retry_after_s)
 
-    async def _try(self, url: str, model: str, method: str, path: str, body: bytes, headers: Mapping[str, str]) -> UpstreamResponse | None:
-        """One attempt; None if the pod did not answer."""
+    def _target(self, model: str, tried: list[str], load: bool) -> tuple[str, bool] | None:
+        """Where the next attempt goes: a ready copy; else a copy loading now; else a new placement
+        (reserved in the map, so requests arriving meanwhile join it). (url, cold); None: nowhere left."""
+        ready = [u for u in self.model_map.ready_copies(model) if u not in tried]
+        if ready:
+            return self.choose_copy(model, ready), False
+        loading = [u for u in self.model_map.loading_copies(model) if u not in tried]
+        if loading:
+            return self.choose_copy(model, loading), True
+        if tried and not self._others_to_try(model, set(tried)):
+            return None
+        self.check_known(model)
+        if not load:
+            capable = [p.url for p in self.model_map.pods_with_catalog(model) if p.url not in tried]
+            if not capable:
+                raise errors.BackendUnavailable(f"no ready worker pod can describe {model!r}", self.retry_after_s)
+            return self.choose_copy(model, capable), True
+        decision = self.place(model, holders=(), exclude=set(tried))
+        self.model_map.reserve_load(decision.url, model, self.model_map.estimated_bytes(model))
+        pod = self.model_map.pod(decision.url)
+        self.metrics.placements.labels(model, pod.name if pod else decision.url, decision.reason).inc()
+        log.info("placing %s on %s (%s; evicts %s)", model, decision.url, decision.reason, list(decision.evicts))
+        return decision.url, True
+
+    async def _try(self, url: str, model: str, method: str, path: str, body: bytes, headers: Mapping[str, str],
+                   deadline: float, loads: bool = False) -> UpstreamResponse | None:
+        """One attempt within `deadline` (the worker is told the time left); None if the pod did not
+        answer. `loads`: this request loads the model there."""
         self.model_map.begin_request(url, model)
+        response: UpstreamResponse | None = None
+        left = self.time_left(deadline)
         try:
-            response = await self.client.forward(url, method, path, body, headers)
+            response = await self.client.forward(url, method, path, body, {**headers, TIMEOUT_HEADER: f"{max(left, 0.001):.3f}"},
+                                                 timeout_s=left + 0.5)  # the worker answers its own deadline first
         except PodUnreachable as exc:
             log.warning("%s", exc)
             # A dead pod also fails its status call and leaves the map at once; a stale
@@ -253,6 +289,11 @@ class Router:
             return None
         finally:
             self.model_map.end_request(url, model)
+            if loads:
+                if response is not None and response.status_code == 200:
+                    self.model_map.record_loaded(url, model, self.model_map.estimated_bytes(model))
+                else:
+                    self.model_map.release_load(url, model)
         if response.status_code >= 500:
             log.warning("worker %s answered %s for %s", url, response.status_code, model)
             self.model_map.mark_copy_failed(url, model)

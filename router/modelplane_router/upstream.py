@@ -125,7 +125,10 @@ class WorkerClient:
         if response.status_code >= 400 and response.status_code != 404:
             raise WorkerError(response.status_code, f"unloading {model!r} on {url} failed: {error_message(response)}", response.headers)
 
-    async def forward(self, url: str, method: str, path: str, body: bytes, headers: Mapping[str, str]) -> UpstreamResponse:
-        """Send a client's request to a worker as it is; the worker's answer comes back as it is."""
+    async def forward(self, url: str, method: str, path: str, body: bytes, headers: Mapping[str, str],
+                      timeout_s: float | None = None) -> UpstreamResponse:
+        """Send a client's request to a worker as it is, within `timeout_s` (default: the request
+        timeout); the worker's answer comes back as it is."""
         passed = {k: v for k, v in headers.items() if k.lower() in PASSED_REQUEST_HEADERS}
-        return await self._send(url, method, path, self.request_timeout, body or None, passed)
+        timeout = self.request_timeout if timeout_s is None else aiohttp.ClientTimeout(total=max(timeout_s, 0.001))
+        return await self._send(url, method, path, timeout, body or None, passed)

@@ -107,6 +107,11 @@ class BallastWorker(FrameworkWorker):
             "MODEL": np.array([self.spec.id.encode()], dtype=np.object_),
         }
 
+    @classmethod
+    def declared_tensors(cls, spec: ModelSpec, context: WorkerContext) -> tuple[list[TensorSpec], list[TensorSpec]]:
+        described = cls(spec, context)
+        return described.inputs(), described.outputs()
+
     def inputs(self) -> list[TensorSpec]:
         return [TensorSpec("INPUT0", "FP32", [-1])]
 

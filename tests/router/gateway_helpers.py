@@ -21,13 +21,14 @@ BALLAST_LAUNCHER = [sys.executable, str(Path(__file__).with_name("ballast_worker
 
 
 def write_ballast_store(folder: Path, models: dict[str, dict[str, Any]]) -> Path:
-    """Ballast model folders and a model store: ``{"a": {"mib": 20, "delay": 0.5, "max": 2, "min": 0}}``."""
+    """Ballast model folders and a model store: ``{"a": {"mib": 20, "delay": 0.5, "predict_delay": 0.1, "max": 2, "min": 0}}``."""
     entries = []
     for model_id, options in models.items():
         size = int(options.get("mib", 1) * MiB)
         path = folder / model_id
         path.mkdir(parents=True, exist_ok=True)
-        (path / "ballast.json").write_text(json.dumps({"bytes": size, "load_delay_s": options.get("delay", 0.0), "factor": 2.0}))
+        (path / "ballast.json").write_text(json.dumps({"bytes": size, "load_delay_s": options.get("delay", 0.0), "factor": 2.0,
+                                                       "predict_delay_s": options.get("predict_delay", 0.0)}))
         entries.append({
             "id": model_id, "framework": "torchvision", "task": "tensor", "source": f"file://{path}",
             "memory": size, "replicas": {"min": options.get("min", 0), "max": options.get("max", 1)},

@@ -23,7 +23,8 @@ def test_new_models_fill_the_best_fitting_pod_and_evict_where_it_costs_least(pro
     predict(router.url, "big")  # fits roomy exactly (60 MiB free)
     assert set(worker_models(roomy.url)) == {"mid", "big"}
 
-    # 45 MiB fits nowhere: roomy would have to drop 100 MiB (mid and big), tight only its 20 MiB.
+    # 45 MiB fits nowhere: roomy would have to drop big (60 MiB), tight only small (20 MiB); both cost
+    # one equally quick reload, so the plan that throws away fewer bytes wins.
     predict(router.url, "huge")
     assert worker_models(tight.url) == {"huge": "READY"}
     assert set(worker_models(roomy.url)) == {"mid", "big"}

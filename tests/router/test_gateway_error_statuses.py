@@ -1,6 +1,8 @@
 """Every error status the gateway answers, with a message naming the problem, against real workers."""
 from __future__ import annotations
 
+import time
+
 import httpx
 import pytest
 
@@ -13,10 +15,10 @@ TOKEN = "s3cret-admin-token"
 def stack(module_procs, tmp_path_factory):
     folder = tmp_path_factory.mktemp("models")
     store = write_ballast_store(folder, {
-        "ok": {"mib": 4}, "slow": {"mib": 4, "delay": 3.0}, "too-big": {"mib": 80},
+        "ok": {"mib": 4}, "slow": {"mib": 4, "delay": 3.0}, "too-big": {"mib": 80}, "slow-answer": {"mib": 4, "predict_delay": 3.0},
     })
     workers = module_procs.workers(store, ["50Mi", "50Mi"])
-    open_router = module_procs.router(workers, args=["--max-body-bytes", "2000", "--load-timeout", "0.5"])
+    open_router = module_procs.router(workers, args=["--max-body-bytes", "2000", "--request-timeout", "1.0"])
     admin_router = module_procs.router(workers, args=["--admin-token", TOKEN])
     return open_router, admin_router
 
@@ -37,9 +39,18 @@ def test_no_capacity_anywhere_is_503_with_retry_after(stack):
     assert int(response.headers["retry-after"]) > 0
 
 
-def test_upstream_timeout_is_504(stack):
+def test_a_load_longer_than_the_requests_deadline_is_503_with_retry_after(stack):
     router, _ = stack
+    started = time.monotonic()
     response = httpx.post(f"{router.url}/predict", json={"model_id": "slow", "input_data": [1]}, timeout=30)
+    assert response.status_code == 503 and "deadline" in response.json()["error"] and "slow" in response.json()["error"]
+    assert int(response.headers["retry-after"]) >= 1
+    assert time.monotonic() - started < 2.5  # answered at the 1 s deadline, not after the 3 s load
+
+
+def test_an_inference_longer_than_the_deadline_is_504(stack):
+    router, _ = stack
+    response = httpx.post(f"{router.url}/predict", json={"model_id": "slow-answer", "input_data": [1]}, timeout=30)
     assert response.status_code == 504 and "did not answer" in response.json()["error"]
 
 

@@ -21,10 +21,9 @@ def test_readiness_metadata_and_binary_infer_through_the_router(router):
     try:
         assert client.is_server_live() and client.is_server_ready()
         assert not client.is_model_ready("scaler")  # cold: no copy anywhere yet
-        metadata = client.get_model_metadata("scaler")  # a client about to infer: this loads it
-        assert metadata["name"] == "scaler"
-        assert [i["name"] for i in metadata["inputs"]] == ["INPUT0"]
-        assert client.is_model_ready("scaler")
+        metadata = client.get_model_metadata("scaler")  # a client about to infer: described from its files
+        assert metadata["name"] == "scaler" and [i["name"] for i in metadata["inputs"]] == ["INPUT0"]
+        assert not client.is_model_ready("scaler") and copies(router.url, "scaler") == []  # ...and nothing loaded
         data = np.array([1.0, -2.5, 4.0], dtype=np.float32)
         for binary in (True, False):
             tensor = triton_http.InferInput("INPUT0", list(data.shape), "FP32")
@@ -32,6 +31,8 @@ def test_readiness_metadata_and_binary_infer_through_the_router(router):
             result = client.infer("scaler", [tensor], outputs=[triton_http.InferRequestedOutput("OUTPUT0", binary_data=binary)])
             np.testing.assert_allclose(result.as_numpy("OUTPUT0"), data * 2)
         assert len(copies(router.url, "scaler")) == 1
+        assert client.is_model_ready("scaler")
+        assert [i["name"] for i in client.get_model_metadata("scaler")["inputs"]] == ["INPUT0"]  # loaded: its tensors
     finally:
         client.close()
 

@@ -59,16 +59,16 @@ def test_tritonclient_infers_a_triton_model_through_the_router(stack):
     client = triton_http.InferenceServerClient(stack.router.url.removeprefix("http://"), network_timeout=120)
     try:
         assert client.is_server_ready()
-        metadata = client.get_model_metadata("iris")
+        metadata = client.get_model_metadata("iris")  # described from its config.pbtxt: nothing is loaded
         (input_meta,) = metadata["inputs"]
-        assert client.is_model_ready("iris")
+        assert not client.is_model_ready("iris")
         measurements = np.array([[5.1, 3.5, 1.4, 0.2], [6.7, 3.0, 5.2, 2.3]], dtype=np.float32)
         tensor = triton_http.InferInput(input_meta["name"], list(measurements.shape), input_meta["datatype"])
         tensor.set_data_from_numpy(measurements)
         result = client.infer("iris", [tensor])
         (output_meta,) = metadata["outputs"]
         probabilities = result.as_numpy(output_meta["name"])
-        assert probabilities.shape == (2, 3)
+        assert probabilities.shape == (2, 3) and client.is_model_ready("iris")
         np.testing.assert_allclose(probabilities.sum(axis=1), 1.0, rtol=1e-4)
     finally:
         client.close()

@@ -51,6 +51,7 @@ class FakeClient:
     def __init__(self, pods: list[FakePod], load_delay_s: float = 0.0) -> None:
         self.pods = {p.url: p for p in pods}
         self.load_delay_s = load_delay_s
+        self._loading: dict[tuple[str, str], asyncio.Future[None]] = {}
 
     def _pod(self, url: str) -> FakePod:
         pod = self.pods[url]
@@ -62,20 +63,41 @@ class FakeClient:
         return self._pod(url).status()
 
     async def load(self, url: str, model: str, timeout_s: float | None = None) -> None:
+        """One load per model and pod however many calls wait for it, as a worker does."""
         pod = self._pod(url)
+        if model in pod.loaded:
+            return
+        if (url, model) not in self._loading:
+            self._loading[(url, model)] = asyncio.ensure_future(self._load(pod, model))
+        await asyncio.shield(self._loading[(url, model)])
+
+    async def _load(self, pod: FakePod, model: str) -> None:
         await asyncio.sleep(self.load_delay_s)
         pod.loads.append(model)
         pod.loaded[model] = pod.catalog[model]
+        del self._loading[(pod.url, model)]
+
+    @staticmethod
+    def _model_of(path: str, body: bytes) -> str:
+        if path == "/predict":
+            return json.loads(body or b"{}").get("model_id", "")
+        return path.split("/")[3]
 
     async def unload(self, url: str, model: str) -> None:
         self._pod(url).loaded.pop(model, None)
 
-    async def forward(self, url, method, path, body, headers) -> UpstreamResponse:
+    async def forward(self, url, method, path, body, headers, timeout_s=None) -> UpstreamResponse:
         pod = self._pod(url)
+        if method == "POST" and pod.catalog and self._model_of(path, body) not in pod.loaded:
+            await self.load(url, self._model_of(path, body))  # a worker loads on demand
         pod.served.append(path)
         if pod.fail_with:
             return UpstreamResponse(pod.fail_with, {}, json.dumps({"error": "boom"}).encode())
         return UpstreamResponse(200, {}, json.dumps({"pod": url}).encode())
+
+
+def predict_body(model: str) -> bytes:
+    return json.dumps({"model_id": model, "input_data": [1]}).encode()
 
 
 def build(pods: list[FakePod], load_delay_s: float = 0.0) -> tuple[Router, ModelMap, FakeClient]:
@@ -96,7 +118,7 @@ async def test_model_loaded_on_pod_two_is_sent_there_and_not_loaded_again():
     router, _, _ = build([p1, p2])
     await router.sync.refresh_all()
     for _ in range(5):
-        response = await router.forward("a", "POST", "/predict", b"{}", {})
+        response = await router.forward("a", "POST", "/predict", predict_body("a"), {})
         assert response.json() == {"pod": "http://p2"}
     assert p1.loads == [] and p2.loads == [] and p1.served == []
 
@@ -105,7 +127,7 @@ async def test_twenty_concurrent_requests_for_a_cold_model_cause_one_load():
     pods = [FakePod("http://p1", 1000 * MiB, CATALOG), FakePod("http://p2", 1000 * MiB, CATALOG)]
     router, _, _ = build(pods, load_delay_s=0.05)
     await router.sync.refresh_all()
-    answers = await asyncio.gather(*(router.forward("b", "POST", "/predict", b"{}", {}) for _ in range(20)))
+    answers = await asyncio.gather(*(router.forward("b", "POST", "/predict", predict_body("b"), {}) for _ in range(20)))
     assert all(a.status_code == 200 for a in answers)
     assert sorted(pods[0].loads + pods[1].loads) == ["b"]
 
@@ -115,7 +137,7 @@ async def test_cold_model_lands_on_the_best_fitting_pod():
     tight.loaded["c"] = 100 * MiB  # 900 MiB free vs 2000 MiB free
     router, _, _ = build([roomy, tight])
     await router.sync.refresh_all()
-    await router.forward("b", "POST", "/predict", b"{}", {})
+    await router.forward("b", "POST", "/predict", predict_body("b"), {})
     assert tight.loads == ["b"] and roomy.loads == []
 
 
@@ -126,7 +148,7 @@ async def test_a_dead_pod_is_skipped_and_leaves_the_map():
     await router.sync.refresh_all()
     p1.down = True
     for _ in range(6):
-        assert (await router.forward("a", "POST", "/predict", b"{}", {})).json() == {"pod": "http://p2"}
+        assert (await router.forward("a", "POST", "/predict", predict_body("a"), {})).json() == {"pod": "http://p2"}
     assert [p.url for p in model_map.pods()] == ["http://p2"]
 
 
@@ -137,7 +159,7 @@ async def test_a_5xx_is_retried_once_on_another_copy():
     router, model_map, _ = build([p1, p2])
     await router.sync.refresh_all()
     for _ in range(4):
-        assert (await router.forward("a", "POST", "/predict", b"{}", {})).status_code == 200
+        assert (await router.forward("a", "POST", "/predict", predict_body("a"), {})).status_code == 200
     assert model_map.ready_copies("a") == ["http://p2"]  # skipped until p1's next report
 
 
@@ -147,7 +169,7 @@ async def test_a_4xx_from_the_worker_is_not_retried():
     p1.fail_with = p2.fail_with = 400
     router, _, _ = build([p1, p2])
     await router.sync.refresh_all()
-    assert (await router.forward("a", "POST", "/predict", b"{}", {})).status_code == 400
+    assert (await router.forward("a", "POST", "/predict", predict_body("a"), {})).status_code == 400
     assert len(p1.served) + len(p2.served) == 1
 
 
@@ -155,9 +177,9 @@ async def test_unknown_model_is_404_and_no_room_is_503_with_retry_after():
     router, _, _ = build([FakePod("http://p1", 200 * MiB, CATALOG)])
     await router.sync.refresh_all()
     with pytest.raises(errors.ModelNotFound, match="'nope'"):
-        await router.forward("nope", "POST", "/predict", b"{}", {})
+        await router.forward("nope", "POST", "/predict", predict_body("nope"), {})
     with pytest.raises(errors.NoCapacity, match="no worker pod has room for 'b'") as caught:
-        await router.forward("b", "POST", "/predict", b"{}", {})
+        await router.forward("b", "POST", "/predict", predict_body("b"), {})
     assert "Retry-After" in caught.value.headers
 
 
@@ -192,7 +214,7 @@ async def test_a_pod_of_another_pool_never_gets_a_new_copy():
     router, _, _ = build([shared, dedicated])
     router.eligible = lambda model, url: url != "http://dedicated"  # best fit alone would pick it
     await router.sync.refresh_all()
-    await router.forward("b", "POST", "/predict", b"{}", {})
+    await router.forward("b", "POST", "/predict", predict_body("b"), {})
     assert shared.loads == ["b"] and dedicated.loads == []
 
 
@@ -229,9 +251,9 @@ async def test_a_dedicated_model_without_a_ready_pod_is_503_not_404():
     router.limits_for = lambda m: ModelLimits(1, 1, dedicated=True) if m == "big" else ModelLimits(0, 1)
     await router.sync.refresh_all()
     with pytest.raises(errors.BackendUnavailable, match="no dedicated pod of 'big' is ready yet"):
-        await router.forward("big", "POST", "/predict", b"{}", {})
+        await router.forward("big", "POST", "/predict", predict_body("big"), {})
     with pytest.raises(errors.ModelNotFound, match="'nope'"):
-        await router.forward("nope", "POST", "/predict", b"{}", {})
+        await router.forward("nope", "POST", "/predict", predict_body("nope"), {})
 
 
 async def test_a_minimum_copy_that_cannot_be_placed_is_retried_with_back_off(caplog):

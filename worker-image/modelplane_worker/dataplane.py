@@ -18,7 +18,7 @@ from typing import Any, AsyncIterator, Callable, Mapping
 
 from modelplane_common import errors
 from modelplane_common.spec import Framework, ModelSpec
-from modelplane_worker import codec
+from modelplane_worker import codec, engine
 from modelplane_worker.frameworks.base import ForwardedResponse, FrameworkWorker
 from modelplane_worker.manager import ModelManager, RequestTiming
 from modelplane_worker.metrics import WorkerMetrics
@@ -82,18 +82,25 @@ class DataPlane:
             return ForwardedResponse(status=200, headers=content_headers, body=content)
 
     async def metadata(self, model_name: str, version: str | None) -> dict[str, Any]:
-        """OIP v2 model metadata. A model that is not loaded is described from the store, with
-        empty inputs and outputs: asking for metadata never loads a model (and evicts nothing)."""
+        """OIP v2 model metadata. Asking never loads a model (and evicts nothing): a model that is
+        not loaded is described from its files (``FrameworkWorker.declared_tensors``), or with
+        empty inputs and outputs when they say nothing."""
         spec = self.manager.store.get(model_name)
         check_version(spec, version)
         worker = self.manager.loaded_worker(spec.id)
-        tensors = {"inputs": [], "outputs": []}
         if worker is not None:
-            tensors = {
-                "inputs": [tensor_metadata(t) for t in worker.inputs()],
-                "outputs": [tensor_metadata(t) for t in worker.outputs()],
-            }
+            inputs, outputs = worker.inputs(), worker.outputs()
+        else:
+            inputs, outputs = await asyncio.to_thread(self._declared, spec) or ([], [])
+        tensors = {"inputs": [tensor_metadata(t) for t in inputs], "outputs": [tensor_metadata(t) for t in outputs]}
         return {"name": spec.id, "versions": [spec.version], "platform": spec.framework.value, **tensors}
+
+    def _declared(self, spec: ModelSpec) -> tuple[list[Any], list[Any]] | None:
+        try:
+            return engine.worker_class(spec.framework.value).declared_tensors(spec, self.manager.context)
+        except Exception as exc:  # noqa: BLE001 - unreadable files are the load's error to report, not metadata's
+            log.info("cannot describe %s before loading it: %s", spec.id, exc)
+            return None
 
     async def model_ready(self, model_name: str, version: str | None) -> bool:
         spec = self.manager.store.get(model_name)

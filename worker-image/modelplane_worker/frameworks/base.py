@@ -81,6 +81,13 @@ class FrameworkWorker(abc.ABC):
         """Bytes this model occupies now that it is loaded (replaces the spec's estimate)."""
 
     @classmethod
+    def declared_tensors(cls, spec: ModelSpec, context: WorkerContext) -> tuple[list[TensorSpec], list[TensorSpec]] | None:
+        """Inputs and outputs as the model's files declare them, read without loading the model, so
+        OIP metadata can describe a cold model (a generic client asks for it before its first infer,
+        and asking must not load anything). None: known only once loaded. Runs on a thread."""
+        return None
+
+    @classmethod
     def prepare(cls) -> None:
         """One-time warm-up when the pod starts (heavy imports such as torch), so the first
         load does not pay for it; the pod reports ready only after it. Optional."""

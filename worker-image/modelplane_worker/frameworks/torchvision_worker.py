@@ -81,6 +81,13 @@ class TorchvisionWorker(FrameworkWorker):
         self._bytes = 0
 
     @classmethod
+    def declared_tensors(cls, spec: Any, context: Any) -> tuple[list[TensorSpec], list[TensorSpec]]:
+        """From model.json: the image size and the labels."""
+        described = cls(spec, context)
+        described._description = ImageModelDescription.read(sources.resolve(spec.source, context.source_roots) / DESCRIPTION_FILE)
+        return described.inputs(), described.outputs()
+
+    @classmethod
     def prepare(cls) -> None:
         """Import torch, torchvision and PIL at pod start, not in the first load."""
         import PIL.Image  # noqa: F401

@@ -7,6 +7,7 @@ hub is never asked.
 """
 from __future__ import annotations
 
+import json
 import threading
 import weakref
 from typing import Any
@@ -49,6 +50,17 @@ class TransformersWorker(FrameworkWorker):
         from transformers.utils import logging as transformers_logging
 
         transformers_logging.disable_progress_bar()  # a server's log is no terminal
+
+    @classmethod
+    def declared_tensors(cls, spec: Any, context: Any) -> tuple[list[TensorSpec], list[TensorSpec]]:
+        """From config.json: the number of labels, or the embedding width."""
+        config = json.loads((sources.resolve(spec.source, context.source_roots) / "config.json").read_text())
+        described = cls(spec, context)
+        if Task(spec.task) == Task.TEXT_CLASSIFICATION:
+            described._width = len(config.get("id2label") or {}) or int(config.get("num_labels", 2))
+        else:
+            described._width = int(config.get("hidden_size", 0))
+        return described.inputs(), described.outputs()
 
     @property
     def task(self) -> Task:

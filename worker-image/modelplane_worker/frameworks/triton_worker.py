@@ -157,6 +157,11 @@ class TritonWorker(FrameworkWorker):
 
     # -- lifecycle -------------------------------------------------------------------------
 
+    @classmethod
+    def declared_tensors(cls, spec: Any, context: Any) -> tuple[list[TensorSpec], list[TensorSpec]] | None:
+        """From the model's config.pbtxt (what Triton will report once it is loaded)."""
+        return declared_in_config(sources.resolve(spec.source, context.source_roots) / CONFIG_FILE)
+
     def load(self) -> None:
         folder = sources.resolve(self.spec.source, self.context.source_roots)
         if not folder.is_dir():
@@ -408,6 +413,24 @@ def python_stub_rss_bytes(staged_folder: Path) -> int:
                 and command[1].startswith(prefix) and memory_info is not None):
             total += memory_info.rss
     return total
+
+
+def declared_in_config(config: Path) -> tuple[list[TensorSpec], list[TensorSpec]] | None:
+    """Inputs and outputs from a config.pbtxt, parsed with Triton's own ModelConfig schema; None
+    when there is no config (Triton would auto-complete one at load)."""
+    if not config.is_file():
+        return None
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    parsed = text_format.Parse(config.read_text(), model_config_pb2.ModelConfig())
+    batch = [-1] if parsed.max_batch_size > 0 else []
+
+    def spec(tensor: Any) -> TensorSpec:
+        datatype = model_config_pb2.DataType.Name(tensor.data_type).removeprefix("TYPE_")
+        return TensorSpec(tensor.name, "BYTES" if datatype == "STRING" else datatype, batch + [int(d) for d in tensor.dims])
+
+    return [spec(t) for t in parsed.input], [spec(t) for t in parsed.output]
 
 
 def _tensor_spec(raw: dict[str, Any]) -> TensorSpec:

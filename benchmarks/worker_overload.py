@@ -1,0 +1,83 @@
+"""Overload stays bounded: with the admission queue full, refusals are fast and memory stays flat.
+
+One real ``modelplane-worker`` (room for 2 of the 12 benchmark BERTs, an
+admission queue of ``--max-queue`` requests) flooded by ``--clients``
+closed-loop clients replaying a Zipf trace of all twelve models for about
+``--seconds``. Prints how many requests were answered and refused, how fast
+the refusals (503 with Retry-After) came, and the worker's resident memory
+before, at its highest during, and after the flood. Targets: refusals in
+under 50 ms; memory flat (the queue holds requests, never models).
+
+Usage: .venv/bin/python benchmarks/worker_overload.py [--clients 64] [--max-queue 8] [--seconds 20]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import bench_models  # noqa: E402
+import loadgen  # noqa: E402
+from modelplane_testing.processes import free_port, spawn, wait_http  # noqa: E402
+
+VENV_BIN = Path(sys.executable).parent
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--clients", type=int, default=64)
+    parser.add_argument("--max-queue", type=int, default=8)
+    parser.add_argument("--seconds", type=float, default=20.0)
+    args = parser.parse_args()
+    store = bench_models.ensure_models()
+    port = free_port()
+    argv = [str(VENV_BIN / "modelplane-worker"), "--model-store", str(store), "--port", str(port), "--max-models", "2",
+            "--memory-budget", "4Gi", "--max-queue", str(args.max_queue), "--log-level", "warning"]
+    with tempfile.TemporaryDirectory(prefix="overload-") as scratch, \
+            spawn("worker", argv, Path(scratch) / "worker.log", url=f"http://127.0.0.1:{port}", own_session=True) as worker:
+        wait_http(worker, "/v2/health/ready", 180)
+        process = psutil.Process(worker.pid)
+        asyncio.run(loadgen.replay(worker.url, bench_models.model_ids()[:4], 1))  # warm up
+        before = process.memory_info().rss
+        peak = [before]
+        stop = threading.Event()
+
+        def sample() -> None:
+            while not stop.is_set():
+                peak[0] = max(peak[0], process.memory_info().rss)
+                time.sleep(0.05)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        trace = bench_models.zipf_trace(bench_models.model_ids(), int(args.seconds * 150), seed=11)
+        result = asyncio.run(loadgen.replay(worker.url, trace, args.clients))
+        stop.set()
+        sampler.join()
+        time.sleep(1.0)
+        after = process.memory_info().rss
+    refused = [o for o in result.outcomes if o.status == 503]
+    answered = result.ok
+    others = len(result.outcomes) - len(refused) - len(answered)
+    print(f"{args.clients} clients, queue of {args.max_queue}, {len(result.outcomes)} requests in {result.wall_s:.1f}s: "
+          f"{len(answered)} answered ({result.ok_throughput:.1f}/s), {len(refused)} refused with 503, {others} other")
+    if refused:
+        seconds = sorted(o.seconds for o in refused)
+        print(f"refusals: p50 {statistics.median(seconds) * 1000:.1f} ms, p99 {seconds[int(0.99 * len(seconds))] * 1000:.1f} ms "
+              f"(target < 50 ms); example: {refused[0].error[:160]}")
+    print(f"worker RSS: before {before / 2**20:.0f} MiB, peak {peak[0] / 2**20:.0f} MiB, after {after / 2**20:.0f} MiB "
+          f"(peak/before {peak[0] / before:.2f})")
+
+
+if __name__ == "__main__":
+    main()

@@ -47,6 +47,7 @@ class Settings:
     failed_load_backoff_s: float = 5.0
     request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
     max_queue: int = DEFAULT_MAX_QUEUE
+    admission_control: bool = True
     log_level: str = "info"
 
 
@@ -67,6 +68,7 @@ ENVIRONMENT = {
     "failed_load_backoff_s": "MODELPLANE_FAILED_LOAD_BACKOFF_S",
     "request_timeout_s": "MODELPLANE_REQUEST_TIMEOUT_S",
     "max_queue": "MODELPLANE_MAX_QUEUE",
+    "admission_control": "MODELPLANE_ADMISSION_CONTROL",
     "log_level": "MODELPLANE_LOG_LEVEL",
 }
 
@@ -106,6 +108,10 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         "--failed-load-backoff-s", type=float, default=default("failed_load_backoff_s", 5.0),
         help="after a failed load, requests for that model get its error again without a new load for this long",
     )
+    parser.add_argument(
+        "--admission-control", default=default("admission_control", "on"), choices=["on", "off"],
+        help="on: a requested model worth less than what it would displace serves its requests and is unloaded again",
+    )
     parser.add_argument("--log-level", default=default("log_level", "info"))
     return parser
 
@@ -139,6 +145,7 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
             failed_load_backoff_s=float(args.failed_load_backoff_s),
             request_timeout_s=float(args.request_timeout_s),
             max_queue=int(args.max_queue),
+            admission_control=args.admission_control == "on",
             log_level=args.log_level,
         )
     except ValueError as exc:
@@ -204,6 +211,7 @@ def build_app(settings: Settings, store: ModelStore | None = None) -> FastAPI:
         failure_backoff_s=settings.failed_load_backoff_s,
         request_timeout_s=settings.request_timeout_s,
         max_queue=settings.max_queue,
+        admission_control=settings.admission_control,
     )
     frameworks = sorted({spec.framework.value for spec in store.list()})
     return api.create_app(

@@ -16,6 +16,12 @@ Guarantees, and how they are kept:
   resort and says which of these it is: the queue is full, the deadline
   cannot be met (the model's last load took longer than the time left) or
   passed while waiting, or the model can never fit beside the pinned ones.
+- **Admission control.** A load a request asked for, whose copy would save
+  fewer reload seconds (demand x load seconds) than the copies it would
+  displace, serves the requests waiting for it and is unloaded again, and the
+  more valuable copies stay (TinyLFU's idea, with reload seconds as the
+  measure). Its demand is remembered, so a model that becomes popular is kept
+  once it is worth it. Explicit loads (the API, pinned models) always stay.
 - **Thrash-aware victims.** Victims come from the shared cost model
   (``modelplane_common.eviction``: reload seconds saved per byte, churn
   guard and in-flight requests folded into the order). A copy that requests
@@ -57,7 +63,7 @@ from dataclasses import dataclass, field
 from typing import AsyncIterator, Awaitable, Callable, Iterable, Protocol
 
 from modelplane_common import errors
-from modelplane_common.eviction import Candidate, DecayedCount, EvictionPolicy, choose_victims
+from modelplane_common.eviction import Candidate, DecayedCount, EvictionPolicy, choose_victims, eviction_cost
 from modelplane_common.quantity import format_bytes
 from modelplane_common.spec import Framework, ModelSpec
 from modelplane_common.wire import CopyState
@@ -139,6 +145,8 @@ class _Copy:
     last_used: float = 0.0
     loaded_at: float = 0.0
     promised_to: str | None = None  # a READY copy reserved as the victim of this loading model
+    kept: bool = False  # an explicit load (API, pinned) asked for it: never transient
+    transient: bool = False  # admitted only for the requests that wanted it: unloaded once they are served
     drained: asyncio.Event = field(default_factory=asyncio.Event)
     gone: asyncio.Future[None] | None = None
 
@@ -228,6 +236,7 @@ class ModelManager:
         request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
         max_queue: int = DEFAULT_MAX_QUEUE,
         demand_half_life_s: float | None = None,
+        admission_control: bool = True,
     ) -> None:
         if memory_budget <= 0:
             raise ValueError(f"memory budget must be positive, got {memory_budget}")
@@ -248,6 +257,7 @@ class ModelManager:
         self.request_timeout_s = request_timeout_s
         self.max_queue = max_queue
         self._half_life_s = demand_half_life_s or DecayedCount().half_life_s
+        self.admission_control = admission_control
         self._pinned = frozenset(pinned)
         self._clock = clock
         self._observer = observer or _NoObserver()
@@ -352,6 +362,7 @@ class ModelManager:
             copy.inflight -= 1
             if copy.inflight == 0:
                 copy.drained.set()
+                self._drop_if_served(copy)
 
     async def load(self, model_id: str, timeout_s: float | None = None) -> None:
         """Make sure `model_id` is loaded (explicit load, pinned models), waiting for room like a request."""
@@ -397,6 +408,8 @@ class ModelManager:
                 if copy is None:
                     copy = await self._wait_in_queue(spec, deadline, timing)
                     counted = True
+            if not hold:
+                copy.kept = True  # an explicit load wants the copy to stay, whatever it displaces
             if copy.state is CopyState.READY:
                 copy.last_used = self._clock()
                 if hold:
@@ -430,7 +443,16 @@ class ModelManager:
     def _stop_waiting(self, copy: _Copy) -> None:
         copy.queued -= 1
         if copy.queued == 0:
+            self._drop_if_served(copy)
             self._admit_queued()  # a copy nobody waits for may now be a victim
+
+    def _drop_if_served(self, copy: _Copy) -> None:
+        """A transient copy leaves once the requests that wanted it are served."""
+        if copy.transient and copy.state is CopyState.READY and copy.inflight == 0 and copy.queued == 0 \
+                and copy.spec.id not in self._queue:
+            log.info("unloading %s: it served its requests and is worth less than what it would displace", copy.spec.id)
+            self._begin_unload(copy, evicted=True)
+            self._admit_queued()
 
     async def _until(self, future: asyncio.Future, deadline: float, spec: ModelSpec, what: str) -> None:
         remaining = deadline - asyncio.get_running_loop().time()
@@ -615,8 +637,10 @@ class ModelManager:
         self._observer.load_finished(spec, seconds, ok=True)
         self._observer.model_bytes(spec, copy.bytes)
         self._observer.memory_used(self.used_bytes())
-        log.info("loaded %s (%s) in %.3fs", spec.id, format_bytes(copy.bytes), seconds)
+        log.info("loaded %s (%s) in %.3fs%s", spec.id, format_bytes(copy.bytes), seconds,
+                 " (transient: worth less than what it would displace)" if copy.transient else "")
         copy.loading.set_result(None)
+        self._drop_if_served(copy)  # a transient copy nobody waits for any more
         self._admit_queued()
 
     def _create_and_load(self, spec: ModelSpec) -> tuple[FrameworkWorker, int]:
@@ -651,9 +675,21 @@ class ModelManager:
         now = self._clock()
         copy.worker, copy.state, copy.loaded_at, copy.last_used = worker, CopyState.READY, now, now
         self._failures.pop(spec.id, None)
+        if victims and self._worth_less_than(copy, victims, now):
+            copy.transient = True  # serve what waits for it, keep the more valuable copies
+            return None
         for victim in victims:
             self._begin_unload(self._copies[victim.model_id], evicted=True)
         return None
+
+    def _worth_less_than(self, copy: _Copy, victims: list[Candidate], now: float) -> bool:
+        """Admission control: would keeping `copy` cost more reloads than it saves? Its expected
+        reload seconds (demand x load seconds) against those of the copies it would displace; an
+        explicit load always stays."""
+        if not self.admission_control or copy.kept or self.is_pinned(copy.spec.id):
+            return False
+        own = self._candidate(copy.spec.id, copy, now)
+        return eviction_cost([own]) < eviction_cost(victims)
 
     def _fail_load(self, copy: _Copy, error: errors.ModelplaneError, seconds: float) -> None:
         if self._copies.get(copy.spec.id) is copy:

@@ -39,15 +39,16 @@ from fastapi.responses import JSONResponse
 
 from modelplane_common import errors, http, wire
 from modelplane_common.spec import ModelSpec
-from modelplane_worker import codec, triton_sync
+from modelplane_worker import codec
+from modelplane_worker.backends import Backends
 from modelplane_worker.dataplane import DataPlane
 from modelplane_worker.manager import ModelManager
 from modelplane_worker.metrics import WorkerMetrics
-from modelplane_worker.triton_health import TritonHealth
 
 log = logging.getLogger(__name__)
 
 SERVER_NAME = "modelplane-worker"
+TRITON = "triton"  # the backend /status reports as triton_ready
 SERVER_VERSION = "0.1.0"
 DEFAULT_MAX_BODY_BYTES = 64 * 2**20
 
@@ -55,23 +56,23 @@ DEFAULT_MAX_BODY_BYTES = 64 * 2**20
 def create_app(
     manager: ModelManager,
     metrics: WorkerMetrics,
-    triton: TritonHealth,
+    backends: Backends,
     *,
     pod_name: str,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     load_pinned: bool = True,
     pinned_check_s: float = 5.0,
     prepare: Callable[[], None] | None = None,
-    triton_sync_s: float = 1.0,
+    backend_sync_s: float = 1.0,
 ) -> FastAPI:
     """A worker app around an assembled manager; it owns their lifetime from start-up to shutdown.
 
     `prepare` runs on a thread at start-up without delaying it (e.g. importing
     the frameworks the store uses, so the first cold load does not pay for it).
-    With a sidecar, its models are compared with the table every `triton_sync_s`
-    (a restarted sidecar comes back empty; see triton_sync).
+    Every `backend_sync_s`, what each backend (the Triton sidecar) holds is compared with
+    the table (a restarted sidecar comes back empty; see backends).
     """
-    dataplane = DataPlane(manager, metrics, triton)
+    dataplane = DataPlane(manager, metrics, backends)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -79,8 +80,7 @@ def create_app(
         background = []
         if load_pinned:
             background.append(asyncio.create_task(manager.keep_pinned_loaded(pinned_check_s)))
-        if triton.configured:
-            background.append(asyncio.create_task(triton_sync.keep_in_sync(manager, triton, triton_sync_s)))
+        background.append(asyncio.create_task(backends.keep_in_sync(manager, backend_sync_s)))
         try:
             yield
         finally:
@@ -89,7 +89,7 @@ def create_app(
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)
             await manager.close()
-            await triton.aclose()
+            await backends.aclose()
 
     app = FastAPI(title="modelplane worker", version=SERVER_VERSION, lifespan=lifespan)
     http.install_error_handler(app)
@@ -105,12 +105,13 @@ def create_app(
     prepared = asyncio.Event()
 
     async def readiness() -> dict[str, Any]:
-        # triton_ready: this pod has a sidecar and it is ready (triton models can run here);
-        # a pod without a sidecar does not wait for one to be ready.
-        triton_ready = await triton.ready()
+        # backends: each backend this pod knows and whether it is ready (its models can run here);
+        # the pod waits only for the backends it has. triton_ready: the same for the Triton sidecar.
+        each = await backends.readiness()
         missing = [key for key in manager.pinned_ids() if not manager.is_loaded(key)]
-        ready = (triton_ready or not triton.configured) and not missing and prepared.is_set()
-        return {"ready": ready, "triton_ready": triton_ready, "pinned_not_loaded": missing, "prepared": prepared.is_set()}
+        ready = await backends.ready() and not missing and prepared.is_set()
+        return {"ready": ready, "triton_ready": each.get(TRITON, False), "backends": each,
+                "pinned_not_loaded": missing, "prepared": prepared.is_set()}
 
     # ----- seed API ------------------------------------------------------
 

@@ -51,7 +51,7 @@ def test_sample_models_are_served_through_the_router_and_models_shows_where(stac
     assert abs(sum(prediction["probabilities"].values()) - 1.0) < 1e-4
     report = httpx.get(f"{url}/models", timeout=10).json()
     assert {"sentiment", "iris", "colors"} <= set(report["available_models"])
-    assert report["loaded_models"] == ["sentiment"]
+    assert report["loaded_models"] == {"sentiment": "sentiment"}  # the seed's shape: {id: name}
     assert len(copies(url, "sentiment")) == 1
 
 

@@ -39,7 +39,7 @@ def test_text_and_image_models_answer_and_the_least_recent_is_evicted(worker) ->
     image = worker.post("/predict", json={"model_id": "colors", "input_data": png((255, 0, 0))})
     assert image.status_code == 200, image.text
     assert len(image.json()["predictions"][0]["probabilities"]) == 5
-    assert worker.get("/models").json()["loaded_models"] == ["colors", "sentiment"]
+    assert list(worker.get("/models").json()["loaded_models"]) == ["colors", "sentiment"]
 
     report = worker.get("/status").json()
     assert (report["pod"], report["memory_budget_bytes"], report["max_models"]) == ("real-pod", 2 * 2**30, 2)  # from env and flags
@@ -50,7 +50,7 @@ def test_text_and_image_models_answer_and_the_least_recent_is_evicted(worker) ->
     assert embed.status_code == 200, embed.text
     vector = np.array(embed.json()["predictions"][0]["embedding"])
     assert np.linalg.norm(vector) == pytest.approx(1.0, abs=1e-4)
-    assert worker.get("/models").json()["loaded_models"] == ["colors", "mini-embed"]  # sentiment was least recent
+    assert list(worker.get("/models").json()["loaded_models"]) == ["colors", "mini-embed"]  # sentiment was least recent
 
 
 def test_tritonclient_infers_text_with_binary_bytes_tensors(worker) -> None:

@@ -2,8 +2,8 @@
 
 Endpoints are thin: they read the body (refusing oversized ones with 413),
 call the data plane or the manager, and shape the answer. Every error is a
-ModelplaneError turned into ``{"error": message}`` with its status by the one
-shared handler. Choices worth knowing:
+ModelplaneError turned into ``{"detail": message, "error": message}`` with its
+status by the one shared handler. Choices worth knowing:
 
 - ``GET /v2/models/{name}`` never loads: a model that is not loaded is
   described from the store with empty ``inputs``/``outputs``; load it first
@@ -97,7 +97,7 @@ def create_app(
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error", exc_info=exc)
-        return JSONResponse({"error": f"internal error: {type(exc).__name__}: {exc}"}, status_code=500)
+        return JSONResponse(http.error_body(f"internal error: {type(exc).__name__}: {exc}"), status_code=500)
 
     async def body_of(request: Request) -> bytes:
         return await http.read_body_limited(request, max_body_bytes)
@@ -123,7 +123,7 @@ def create_app(
 
     @app.get("/models")
     async def models() -> wire.ModelsResponse:
-        return wire.ModelsResponse(available_models=manager.store.ids(), loaded_models=manager.loaded_ids())
+        return models_report(manager)
 
     # ----- OIP v2: server --------------------------------------------------
 
@@ -313,7 +313,15 @@ def copies(manager: ModelManager) -> list[wire.ModelCopy]:
 
 
 def catalog_entry(spec: ModelSpec, manager: ModelManager) -> wire.CatalogEntry:
-    return wire.CatalogEntry(id=spec.id, framework=spec.framework.value, memory_bytes=manager.known_size(spec))
+    return wire.CatalogEntry(id=spec.id, framework=spec.framework.value, memory_bytes=manager.known_size(spec),
+                             name=spec.name, type=spec.task.value, version=spec.version, description=spec.description)
+
+
+def models_report(manager: ModelManager) -> wire.ModelsResponse:
+    """The seed's ``/models``: ``{id: metadata}`` of the store, ``{id: name}`` of the models loaded now."""
+    available = {spec.id: catalog_entry(spec, manager).metadata() for spec in manager.store.list()}
+    loaded = {key: available[key].name if key in available else key for key in manager.loaded_ids()}
+    return wire.ModelsResponse(available_models=available, loaded_models=loaded)
 
 
 def _framework_of(manager: ModelManager, model_id: str) -> str:

@@ -38,9 +38,10 @@ def dedicated_name(model: str) -> str:
     return f"{model}-dedicated"
 
 
-def worker_labels(pool: str) -> dict[str, str]:
-    """Labels on every worker pod; `pool` is "shared" or the dedicated model's name."""
-    return {labels.PART_OF: labels.PROJECT, labels.COMPONENT: labels.WORKER, labels.POOL: pool}
+def worker_labels(dedicated_to: str | None = None) -> dict[str, str]:
+    """Labels on every worker pod: the worker's own, and its pool's (the shared pool, or the
+    dedicated group of `dedicated_to`); a pool's Deployment selects exactly these."""
+    return {labels.PART_OF: labels.PROJECT, labels.COMPONENT: labels.WORKER, **labels.pool_labels(dedicated_to)}
 
 
 def _http_probe(path: str, period: int, failures: int) -> dict[str, Any]:
@@ -126,12 +127,13 @@ def build_triton_container(config: OperatorConfig) -> dict[str, Any]:
     }
 
 
-def store_key(pool: str) -> str:
-    """The model-store ConfigMap key a pool's pods read: shared models, or one dedicated model."""
-    return MODEL_STORE_KEY if pool == labels.SHARED_POOL else f"dedicated.{pool}.json"
+def store_key(dedicated_to: str | None = None) -> str:
+    """The model-store ConfigMap key a pool's pods read: the shared models, or one dedicated model's.
+    Keyed by placement, not by name alone: no model name gives the shared pool's key."""
+    return MODEL_STORE_KEY if dedicated_to is None else f"dedicated.{dedicated_to}.json"
 
 
-def build_worker_pod_template(config: OperatorConfig, pool: str, pinned: Sequence[str],
+def build_worker_pod_template(config: OperatorConfig, dedicated_to: str | None, pinned: Sequence[str],
                               annotations: dict[str, str] | None = None) -> dict[str, Any]:
     """A worker pod: worker + Triton sidecar sharing /models, non-root, GPUs from the settings."""
     volumes: list[dict[str, Any]] = [
@@ -139,14 +141,14 @@ def build_worker_pod_template(config: OperatorConfig, pool: str, pinned: Sequenc
         # Each pool sees only its own models, so the router (which places a model only on pods
         # whose catalog lists it) never puts other models on a dedicated group, nor its model on the pool.
         {"name": "model-store", "configMap": {"name": config.model_store_configmap,
-                                              "items": [{"key": store_key(pool), "path": MODEL_STORE_KEY}]}},
+                                              "items": [{"key": store_key(dedicated_to), "path": MODEL_STORE_KEY}]}},
         {"name": "worker-tmp", "emptyDir": {}},
         {"name": "triton-tmp", "emptyDir": {}},
     ]
     volumes += [{"name": f"claim-{claim}", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
                 for claim in config.model_claims]
     template = {
-        "metadata": {"labels": worker_labels(pool), **({"annotations": annotations} if annotations else {})},
+        "metadata": {"labels": worker_labels(dedicated_to), **({"annotations": annotations} if annotations else {})},
         "spec": {
             # Workers never call the API server: no token in the pod.
             "automountServiceAccountToken": False,
@@ -162,16 +164,16 @@ def build_worker_pod_template(config: OperatorConfig, pool: str, pinned: Sequenc
     return template
 
 
-def _deployment(name: str, namespace: str, pool: str, replicas: int, template: dict[str, Any],
-                extra_labels: dict[str, str]) -> dict[str, Any]:
+def _deployment(name: str, namespace: str, dedicated_to: str | None, replicas: int,
+                template: dict[str, Any]) -> dict[str, Any]:
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": {"name": name, "namespace": namespace,
-                     "labels": {**worker_labels(pool), labels.MANAGED_BY: MANAGER, **extra_labels}},
+                     "labels": {**worker_labels(dedicated_to), labels.MANAGED_BY: MANAGER}},
         "spec": {
             "replicas": replicas,
-            "selector": {"matchLabels": worker_labels(pool)},
+            "selector": {"matchLabels": worker_labels(dedicated_to)},
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
             "template": template,
         },
@@ -188,18 +190,18 @@ def owner_reference(body: dict[str, Any]) -> dict[str, Any]:
 def build_dedicated_deployment(spec: ModelSpec, body: dict[str, Any], config: OperatorConfig) -> dict[str, Any]:
     """A latency-optimized instance group: replicas.min pods that each pin this one model."""
     # A changed spec rolls the group, so its pods load the model as now declared.
-    template = build_worker_pod_template(config, pool=spec.id, pinned=[spec.id],
+    template = build_worker_pod_template(config, dedicated_to=spec.id, pinned=[spec.id],
                                          annotations={SPEC_HASH: spec_hash(spec)})
     deployment = _deployment(dedicated_name(spec.id), body["metadata"]["namespace"], spec.id,
-                             spec.replicas.min, template, {labels.SERVED_MODEL: spec.id})
+                             spec.replicas.min, template)
     deployment["metadata"]["ownerReferences"] = [owner_reference(body)]
     return deployment
 
 
 def build_pool_deployment(config: OperatorConfig, replicas: int) -> dict[str, Any]:
     """The shared pool: pods pin nothing; the router places models on them."""
-    template = build_worker_pod_template(config, pool=labels.SHARED_POOL, pinned=[])
-    return _deployment(config.pool_name, config.namespace, labels.SHARED_POOL, replicas, template, {})
+    template = build_worker_pod_template(config, dedicated_to=None, pinned=[])
+    return _deployment(config.pool_name, config.namespace, None, replicas, template)
 
 
 def store_entry(spec: ModelSpec) -> dict[str, Any]:

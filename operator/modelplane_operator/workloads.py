@@ -8,6 +8,12 @@ A worker pod is two containers sharing an emptyDir at /models:
   manager; it writes Triton model folders into /models;
 - ``triton``: ``tritonserver --model-control-mode=explicit --model-repository=/models``,
   listening on localhost only, so load/unload never leave the pod.
+
+GPUs (``OperatorConfig.gpu_mode``): with Dynamic Resource Allocation the pod
+claims its devices once (``resourceClaims``, from the chart's
+ResourceClaimTemplate) and both containers name that one claim, so the
+worker and Triton see the same GPU(s). With the device plugin each container
+requests its own count, and gets devices of its own.
 """
 from __future__ import annotations
 
@@ -17,7 +23,7 @@ from typing import Any, Iterable, Sequence
 
 from modelplane_common import labels
 from modelplane_common.spec import API_VERSION, KIND, ModelSpec, Placement
-from modelplane_operator.config import OperatorConfig
+from modelplane_operator.config import GpuMode, OperatorConfig
 
 WORKER_CONTAINER = "modelplane-worker"
 TRITON_CONTAINER = "triton"
@@ -31,6 +37,7 @@ TRITON_METRICS_PORT = 8002
 RUN_AS_USER = 1000
 MANAGER = "modelplane-operator"
 SPEC_HASH = "modelplane.io/spec-hash"
+GPU_CLAIM = "gpu"  # dra: the pod's one ResourceClaim, named by both containers
 
 
 def dedicated_name(model: str) -> str:
@@ -54,11 +61,22 @@ def _container_security() -> dict[str, Any]:
             "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}}
 
 
-def _resources(cpu: str, memory: str, gpus: int) -> dict[str, Any]:
+def _resources(config: OperatorConfig, cpu: str, memory: str, device_plugin_gpus: int) -> dict[str, Any]:
+    """CPU and memory, and the container's GPUs: the pod's shared claim (dra) or its own count (devicePlugin)."""
     limits: dict[str, Any] = {"cpu": cpu, "memory": memory}
-    if gpus:
-        limits["nvidia.com/gpu"] = str(gpus)
-    return {"requests": dict(limits), "limits": limits}
+    if config.gpu_mode is GpuMode.DEVICE_PLUGIN and device_plugin_gpus:
+        limits[config.gpu_resource] = str(device_plugin_gpus)
+    resources: dict[str, Any] = {"requests": dict(limits), "limits": limits}
+    if config.gpu_mode is GpuMode.DRA:
+        resources["claims"] = [{"name": GPU_CLAIM}]
+    return resources
+
+
+def pod_resource_claims(config: OperatorConfig) -> list[dict[str, Any]]:
+    """dra: the one claim per pod, made by Kubernetes from the chart's ResourceClaimTemplate."""
+    if config.gpu_mode is not GpuMode.DRA:
+        return []
+    return [{"name": GPU_CLAIM, "resourceClaimTemplateName": config.gpu_claim_template}]
 
 
 def source_roots(config: OperatorConfig) -> str:
@@ -96,7 +114,7 @@ def build_worker_container(config: OperatorConfig, pinned: Sequence[str]) -> dic
         "livenessProbe": _http_probe("/v2/health/live", period=10, failures=6),
         # Pinned loads can take minutes: liveness and readiness wait until this passes once.
         "startupProbe": _http_probe("/v2/health/ready", period=5, failures=config.startup_probe_failure_threshold),
-        "resources": _resources(config.worker_cpu, config.worker_memory, config.gpus_per_pod),
+        "resources": _resources(config, config.worker_cpu, config.worker_memory, config.gpus_per_pod),
         "securityContext": _container_security(),
         "volumeMounts": mounts,
     }
@@ -120,7 +138,7 @@ def build_triton_container(config: OperatorConfig) -> dict[str, Any]:
             "--exit-on-error=false",
         ],
         "ports": [{"name": "triton-metrics", "containerPort": TRITON_METRICS_PORT, "protocol": "TCP"}],
-        "resources": _resources(config.triton_cpu, config.triton_memory, 0),
+        "resources": _resources(config, config.triton_cpu, config.triton_memory, config.triton_gpus),
         "securityContext": _container_security(),
         "volumeMounts": [{"name": "model-repository", "mountPath": MODEL_REPOSITORY, "readOnly": True},
                          {"name": "triton-tmp", "mountPath": "/tmp"}],
@@ -161,6 +179,8 @@ def build_worker_pod_template(config: OperatorConfig, dedicated_to: str | None, 
     }
     if config.worker_service_account:
         template["spec"]["serviceAccountName"] = config.worker_service_account
+    if claims := pod_resource_claims(config):
+        template["spec"]["resourceClaims"] = claims
     return template
 
 

@@ -60,12 +60,29 @@ def test_probes_readiness_needs_models_liveness_does_not() -> None:
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 600  # ten minutes for slow first loads
 
 
-def test_gpus_come_from_the_settings() -> None:
-    gpu = _containers(workloads.build_worker_pod_template(_config(), None, []))["modelplane-worker"]
-    assert gpu["resources"]["limits"]["nvidia.com/gpu"] == "2"
-    cpu_only = _containers(workloads.build_worker_pod_template(_config().model_copy(update={"gpus_per_pod": 0}),
-                                                               None, []))["modelplane-worker"]
-    assert "nvidia.com/gpu" not in cpu_only["resources"]["limits"]
+def test_with_dra_both_containers_share_the_pods_one_gpu_claim() -> None:
+    template = workloads.build_worker_pod_template(_config(gpu_mode="dra", gpu_claim_template="gpus"), None, [])
+    assert template["spec"]["resourceClaims"] == [{"name": "gpu", "resourceClaimTemplateName": "gpus"}]
+    for container in template["spec"]["containers"]:  # the worker AND the Triton sidecar
+        assert container["resources"]["claims"] == [{"name": "gpu"}], container["name"]
+        assert "nvidia.com/gpu" not in container["resources"]["limits"]
+
+
+def test_with_the_device_plugin_each_container_requests_its_own() -> None:
+    config = _config(gpu_mode="devicePlugin", triton_gpus=1)
+    containers = _containers(workloads.build_worker_pod_template(config, None, []))
+    assert containers["modelplane-worker"]["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    assert containers["triton"]["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert "resourceClaims" not in workloads.build_worker_pod_template(config, None, [])["spec"]
+    cpu_triton = _containers(workloads.build_worker_pod_template(_config(gpu_mode="devicePlugin"), None, []))["triton"]
+    assert "nvidia.com/gpu" not in cpu_triton["resources"]["limits"]  # tritonCount 0: Triton on the CPU
+
+
+def test_cpu_only_pods_ask_for_no_gpu() -> None:
+    template = workloads.build_worker_pod_template(_config(gpu_mode="none"), None, [])
+    assert "resourceClaims" not in template["spec"]
+    for container in template["spec"]["containers"]:
+        assert "nvidia.com/gpu" not in container["resources"]["limits"] and "claims" not in container["resources"]
 
 
 def test_nothing_runs_as_root_or_holds_an_api_token() -> None:

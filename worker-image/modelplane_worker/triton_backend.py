@@ -128,9 +128,6 @@ class TritonBackend:
     def url(self) -> str:
         return f"http://{self.address}" if self.address else ""
 
-    def describe(self) -> str:
-        return f"the Triton sidecar at {self.address}" if self.configured else "the Triton sidecar"
-
     # ----- the backend interface (asked on the event loop) -----------------------------
 
     async def ready(self) -> bool:

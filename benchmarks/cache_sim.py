@@ -14,7 +14,7 @@ import dataclasses
 import math
 from typing import Iterable, Sequence
 
-from modelplane_common.eviction import Candidate, DecayedCount, EvictionPolicy, choose_victims
+from modelplane_common.eviction import Candidate, DecayedCount, EvictionPolicy, choose_victims, eviction_cost
 from modelplane_router import placement
 
 
@@ -33,10 +33,14 @@ class _Copy:
 
 
 class PolicyPod:
-    """A worker under the shared cost model: the manager's accounting, victims by choose_victims."""
+    """A worker under the shared cost model: the manager's accounting, victims by choose_victims,
+    and its admission control (a copy worth less than its victims serves once and leaves)."""
 
-    def __init__(self, url: str, budget: int, policy: EvictionPolicy, demand: dict[str, DecayedCount]) -> None:
+    def __init__(self, url: str, budget: int, policy: EvictionPolicy, demand: dict[str, DecayedCount],
+                 admission_control: bool = True) -> None:
         self.url = url
+        self.admission_control = admission_control
+        self.transient = 0
         self.budget = budget
         self.policy = policy
         self.demand = demand  # per model, as the manager keeps it (survives evictions)
@@ -65,11 +69,15 @@ class PolicyPod:
             victims = choose_victims(self.policy, self._candidates(now), model.bytes - self.free())
             if victims is None:
                 raise RuntimeError(f"{model.name} does not fit on {self.url}")
-            for victim in victims:
-                del self.copies[victim.model_id]
-            copy = self.copies[model.name] = _Copy(model, now, now)
             self.loads += 1
             self.load_seconds += model.load_s
+            own = Candidate(model.name, model.bytes, 0.0, 0.0, model.load_s, self.demand[model.name].value(now))
+            if self.admission_control and victims and eviction_cost([own]) < eviction_cost(victims):
+                self.transient += 1  # the manager's admission control: served, then unloaded again
+                return True
+            for victim in victims:
+                del self.copies[victim.model_id]
+            self.copies[model.name] = _Copy(model, now, now)
             return True
         copy.last_used = now
         return False

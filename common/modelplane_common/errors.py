@@ -1,8 +1,9 @@
 """Domain errors and the one table that maps them to HTTP status codes.
 
 Worker and router raise these; one FastAPI handler turns each into a JSON
-body ``{"error": message}`` with the right status, so no endpoint picks its
-own code for the same failure.
+body ``{"detail": message, "error": message}`` (``http.error_body``: FastAPI's
+shape, which seed clients read, and Triton's) with the right status, so no
+endpoint picks its own code for the same failure.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Shared FastAPI wiring: the error-to-status handler and a body-size guard."""
+"""Shared FastAPI wiring: the error body, the error-to-status handler and a body-size guard."""
 from __future__ import annotations
 
 from fastapi import FastAPI, Request
@@ -7,12 +7,18 @@ from fastapi.responses import JSONResponse
 from modelplane_common import errors
 
 
+def error_body(message: str) -> dict[str, str]:
+    """Every error body modelplane sends: FastAPI's ``detail`` (what a seed client reads), and the
+    same text as ``error`` (what Triton's clients and earlier modelplane clients read)."""
+    return {"detail": message, "error": message}
+
+
 def install_error_handler(app: FastAPI) -> None:
     """Map every ModelplaneError to its status with a JSON message naming the problem."""
 
     @app.exception_handler(errors.ModelplaneError)
     async def _handle(_: Request, exc: errors.ModelplaneError) -> JSONResponse:
-        return JSONResponse({"error": exc.message}, status_code=exc.status_code, headers=exc.headers)
+        return JSONResponse(error_body(exc.message), status_code=exc.status_code, headers=exc.headers)
 
 
 async def read_body_limited(request: Request, limit_bytes: int) -> bytes:

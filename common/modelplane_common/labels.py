@@ -2,20 +2,52 @@
 
 The operator stamps them on worker pods; the router selects worker pods by
 them. One definition so the selector and the stamp cannot disagree.
+
+Pools are keyed so that no ServedModel's name can reach another pool: the
+shared pool's pods carry ``modelplane.io/pool=shared``; a dedicated group's
+pods carry ``modelplane.io/pool=dedicated`` and
+``modelplane.io/servedmodel=<its model>``. A Deployment selects exactly its
+pool's labels, so the shared pool never selects a dedicated pod and two
+dedicated groups never select each other's, whatever the models are called.
 """
 from __future__ import annotations
+
+from typing import Mapping
 
 PART_OF = "app.kubernetes.io/part-of"
 COMPONENT = "app.kubernetes.io/component"
 MANAGED_BY = "app.kubernetes.io/managed-by"
 NAME = "app.kubernetes.io/name"
-POOL = "modelplane.io/pool"              # "shared" or the ServedModel name of a dedicated group
-SERVED_MODEL = "modelplane.io/servedmodel"  # on dedicated workloads: the model they pin
+POOL = "modelplane.io/pool"              # SHARED_POOL, or DEDICATED_POOL on every dedicated group's pods
+SERVED_MODEL = "modelplane.io/servedmodel"  # on a dedicated group (Deployment and pods): the one model it pins
 
 PROJECT = "modelplane"
 WORKER = "worker"
 OPERATOR = "operator"
 SHARED_POOL = "shared"
+DEDICATED_POOL = "dedicated"
 
 # Every modelplane worker pod, shared or dedicated, matches this selector.
 WORKER_SELECTOR = f"{PART_OF}={PROJECT},{COMPONENT}={WORKER}"
+
+
+def pool_labels(dedicated_to: str | None = None) -> dict[str, str]:
+    """The labels that put a worker pod in its pool: the shared one, or the dedicated group of one model."""
+    if dedicated_to is None:
+        return {POOL: SHARED_POOL}
+    return {POOL: DEDICATED_POOL, SERVED_MODEL: dedicated_to}
+
+
+def dedicated_pool(model: str) -> str:
+    """The key of `model`'s dedicated group, as ``pool_of`` returns it ('/' never occurs in a model name)."""
+    return f"{DEDICATED_POOL}/{model}"
+
+
+def pool_of(pod_labels: Mapping[str, str]) -> str:
+    """The pool a worker pod serves: SHARED_POOL, ``dedicated_pool(model)``, or "" when its labels name none."""
+    pool = pod_labels.get(POOL, "")
+    if pool == SHARED_POOL:
+        return SHARED_POOL
+    if pool == DEDICATED_POOL and pod_labels.get(SERVED_MODEL):
+        return dedicated_pool(pod_labels[SERVED_MODEL])
+    return ""

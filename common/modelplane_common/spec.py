@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from modelplane_common import quantity
+from modelplane_common import labels, quantity
 
 GROUP = "modelplane.io"
 VERSION = "v1alpha1"
@@ -41,6 +41,19 @@ class Placement(str, enum.Enum):
 
 
 SOURCE_SCHEMES = ("file", "pvc")
+
+# ServedModel names modelplane keeps for itself, and why. Refused at admission by the CRD's CEL
+# rule and again by the operator (tests/operator/test_crd_matches_spec.py checks both use this list).
+RESERVED_NAMES: dict[str, str] = {
+    labels.SHARED_POOL: "it names the shared worker pool (modelplane.io/pool=shared)",
+    labels.DEDICATED_POOL: "it names every dedicated group's pods (modelplane.io/pool=dedicated)",
+}
+
+
+def reserved_name_problem(name: str) -> str | None:
+    """Why `name` cannot be a ServedModel's name, or None when it can."""
+    reason = RESERVED_NAMES.get(name)
+    return None if reason is None else f"{name!r} is reserved: {reason}; choose another name"
 
 
 def validate_source_uri(uri: str) -> str:

@@ -26,9 +26,40 @@ class PredictResponse(BaseModel):
     predictions: Any
 
 
+class ModelMetadata(BaseModel):
+    """One model as the seed's ``GET /models`` describes it: ``id, name, type, framework, version``
+    (``type`` is the seed's word for the task), with modelplane's fields beside them."""
+
+    id: str
+    name: str
+    type: str
+    framework: str
+    version: str
+    description: str = ""
+    memory_bytes: int = 0  # best known size: measured at the last load, else the spec's estimate
+
+
 class ModelsResponse(BaseModel):
-    available_models: list[str]
-    loaded_models: list[str]
+    """``GET /models`` in the seed's shapes: every model the server can serve as ``{id: metadata}``,
+    and the models loaded (ready) now as ``{id: name}``."""
+
+    available_models: dict[str, ModelMetadata]
+    loaded_models: dict[str, str]
+
+
+class CopyLocation(BaseModel):
+    """Where one copy of a model lives, as the router's map has it."""
+
+    pod: str
+    url: str
+    state: str
+    bytes: int = 0
+
+
+class RouterModelsResponse(ModelsResponse):
+    """The router's ``GET /models``: the seed's two maps for the whole cluster, plus where each model's copies are."""
+
+    copies: dict[str, list[CopyLocation]] = Field(default_factory=dict)
 
 
 class CopyState(str, enum.Enum):
@@ -59,11 +90,20 @@ class ModelCopy(BaseModel):
 
 
 class CatalogEntry(BaseModel):
-    """A model the worker can load, with the estimate placement uses before it is measured."""
+    """A model the worker can load, with the estimate placement uses before it is measured,
+    and what the seed's ``/models`` says of it (defaults: a report from an older worker)."""
 
     id: str
     framework: str
     memory_bytes: int
+    name: str = ""
+    type: str = ""
+    version: str = ""
+    description: str = ""
+
+    def metadata(self) -> ModelMetadata:
+        return ModelMetadata(id=self.id, name=self.name or self.id, type=self.type, framework=self.framework,
+                             version=self.version, description=self.description, memory_bytes=self.memory_bytes)
 
 
 class WorkerStatus(BaseModel):

@@ -169,7 +169,7 @@ def dedicated_group_of_two(platform: Platform, kube: Kube) -> None:
     body["metadata"]["name"] = model
     body["spec"].update(placement="dedicated", replicas={"min": 2, "max": 2})
     kube.apply([body])
-    selector = f"app.kubernetes.io/component=worker,modelplane.io/pool={model}"
+    selector = f"app.kubernetes.io/component=worker,modelplane.io/servedmodel={model}"
     wait_for("two dedicated pods", lambda: len(kube.worker_pods(selector)) == 2, 90)
 
     def both_ready_and_loaded() -> bool:

@@ -5,6 +5,7 @@ handlers; nothing reads the environment at import time.
 """
 from __future__ import annotations
 
+import enum
 import os
 from typing import Any, Mapping
 
@@ -13,6 +14,14 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from modelplane_common import quantity
 
 ENV_PREFIX = "MODELPLANE_OPERATOR_"
+
+
+class GpuMode(str, enum.Enum):
+    """How worker pods get GPUs (the chart's workers.gpu.mode; docs/operator.md, "GPUs")."""
+
+    DRA = "dra"  # one pod-level ResourceClaim that the worker and its Triton sidecar share
+    DEVICE_PLUGIN = "devicePlugin"  # an extended resource (nvidia.com/gpu) per container: devices of its own each
+    NONE = "none"  # CPU-only clusters
 
 
 class OperatorConfig(BaseModel):
@@ -24,7 +33,13 @@ class OperatorConfig(BaseModel):
     worker_image: str = "ghcr.io/modelplane/worker:0.1.0"
     triton_image: str = "nvcr.io/nvidia/tritonserver:24.10-py3"
     image_pull_policy: str = "IfNotPresent"
-    gpus_per_pod: int = Field(1, ge=0, description="nvidia.com/gpu per worker pod; 0 on CPU-only clusters")
+    gpu_mode: GpuMode = Field(GpuMode.DRA, description="how worker pods get GPUs")
+    gpus_per_pod: int = Field(1, ge=0, description="devicePlugin: the worker container's GPUs (dra: the claim "
+                                                   "template, rendered by the chart, holds the count)")
+    triton_gpus: int = Field(0, ge=0, description="devicePlugin: the Triton sidecar's own GPUs (0: it runs on the CPU)")
+    gpu_resource: str = Field("nvidia.com/gpu", description="devicePlugin: the extended resource name")
+    gpu_claim_template: str = Field("modelplane-worker-gpu", description="dra: the ResourceClaimTemplate every "
+                                                                         "worker pod claims its GPUs from")
     pod_memory_budget: int = Field(16 * 2**30, gt=0, description="bytes of model memory per worker pod")
     worker_cpu: str = "2"
     worker_memory: str = "24Gi"

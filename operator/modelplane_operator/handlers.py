@@ -95,7 +95,7 @@ def _refresh_status(kube_api: kube.Kube, spec: ModelSpec, body: kopf.Body, patch
     pods = kube_api.worker_pods(namespace, labels.WORKER_SELECTOR)
     reports = cache.get(namespace, lambda: workers.fetch_reports(pods, config.worker_port))
     copies = status.copies_of(spec.id, reports)
-    problems = [f"pod {p.name}: {p.problem}" for p in pods if p.pool == spec.id and p.problem]
+    problems = [f"pod {p.name}: {p.problem}" for p in pods if p.pool == labels.dedicated_pool(spec.id) and p.problem]
     ready, reason, message = status.readiness(spec, copies, problems)
     ready_count = sum(1 for c in copies if c["state"] == "READY")
     _write_status(body, patch, {"copies": copies, "readyReplicas": ready_count})
@@ -177,7 +177,8 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
 def _unload_everywhere(kube_api: kube.Kube, spec: ModelSpec, body: kopf.Body, config: OperatorConfig,
                        logger: logging.Logger) -> None:
     """Unload the model from every shared pod that holds it; dedicated pods go with their Deployment."""
-    pods = [p for p in kube_api.worker_pods(body["metadata"]["namespace"], labels.WORKER_SELECTOR) if p.pool != spec.id]
+    own_group = labels.dedicated_pool(spec.id)
+    pods = [p for p in kube_api.worker_pods(body["metadata"]["namespace"], labels.WORKER_SELECTOR) if p.pool != own_group]
     reports = workers.fetch_reports(pods, config.worker_port)
     holders = [p for p in pods if p.name in reports and any(c.id == spec.id for c in reports[p.name].models)]
     for pod in holders:

@@ -24,7 +24,7 @@ class WorkerPod:
     ip: str
     phase: str
     ready: bool
-    pool: str = ""
+    pool: str = ""  # labels.pool_of: "shared", labels.dedicated_pool(model), or ""
     problem: str = ""  # why a container is not running, as the kubelet reports it
 
 
@@ -47,7 +47,7 @@ def _to_worker_pod(pod: Any) -> WorkerPod:
     return WorkerPod(
         name=pod.metadata.name, ip=(status.pod_ip or "") if status else "", phase=(status.phase or "") if status else "",
         ready=any(c.type == "Ready" and c.status == "True" for c in conditions),
-        pool=(pod.metadata.labels or {}).get(labels.POOL, ""), problem=_problem(pod))
+        pool=labels.pool_of(pod.metadata.labels or {}), problem=_problem(pod))
 
 
 def connect() -> client.ApiClient:
@@ -75,7 +75,18 @@ class Kube:
         self._custom = client.CustomObjectsApi(api)
 
     def apply_deployment(self, deployment: dict[str, Any]) -> str:
-        """Create or converge a Deployment; returns its resourceVersion after the call."""
+        """Create or converge a Deployment; returns its resourceVersion after the call.
+
+        A selector cannot change in place (the API server refuses: it is immutable), so a
+        Deployment made with another selector (by an older operator, which keyed dedicated
+        groups differently) is deleted and made again: its pods roll once."""
+        try:
+            return _server_side_apply(self._apps.patch_namespaced_deployment, deployment)
+        except ApiException as exc:
+            if exc.status != 422 or "selector" not in (exc.body or "") or "immutable" not in (exc.body or ""):
+                raise
+        meta = deployment["metadata"]
+        self._apps.delete_namespaced_deployment(meta["name"], meta["namespace"], propagation_policy="Background")
         return _server_side_apply(self._apps.patch_namespaced_deployment, deployment)
 
     def apply_configmap(self, configmap: dict[str, Any]) -> str:

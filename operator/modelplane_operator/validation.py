@@ -13,7 +13,9 @@ from typing import Any
 import pydantic
 
 from modelplane_common import quantity
+from modelplane_common import spec as spec_module
 from modelplane_common.spec import ModelSpec, Placement
+from modelplane_operator import workloads
 from modelplane_operator.config import OperatorConfig
 
 # pydantic field names -> the ServedModel path a user writes.
@@ -58,6 +60,20 @@ def _schema_problems(error: pydantic.ValidationError) -> tuple[Problem, ...]:
     return tuple(problems)
 
 
+def _name_problems(name: str, spec: ModelSpec | None, config: OperatorConfig) -> list[Problem]:
+    """Names that would reach another pool's objects: reserved words (the CRD's CEL rule refuses
+    them too, but not for objects created before it), and a dedicated group named like the pool."""
+    problems: list[Problem] = []
+    reserved = spec_module.reserved_name_problem(name)
+    if reserved is not None:
+        problems.append(Problem("metadata.name", reserved))
+    if spec is not None and spec.placement is Placement.DEDICATED and workloads.dedicated_name(name) == config.pool_name:
+        problems.append(Problem("metadata.name", (
+            f"its dedicated Deployment would be {workloads.dedicated_name(name)!r}, the shared pool's own name; "
+            "choose another name")))
+    return problems
+
+
 def _placement_problems(spec: ModelSpec, config: OperatorConfig) -> list[Problem]:
     problems: list[Problem] = []
     if spec.memory_bytes > config.pod_memory_budget:
@@ -76,10 +92,11 @@ def _placement_problems(spec: ModelSpec, config: OperatorConfig) -> list[Problem
 
 def validate(body: dict[str, Any], config: OperatorConfig) -> Verdict:
     """Parse a ServedModel body into a ModelSpec and list everything wrong with it."""
+    name = str((body.get("metadata") or {}).get("name", ""))
     try:
         spec = ModelSpec.from_served_model(body)
     except pydantic.ValidationError as error:
-        return Verdict(None, _schema_problems(error))
+        return Verdict(None, (*_name_problems(name, None, config), *_schema_problems(error)))
     except (TypeError, ValueError) as error:
-        return Verdict(None, (Problem("spec", str(error)),))
-    return Verdict(spec, tuple(_placement_problems(spec, config)))
+        return Verdict(None, (*_name_problems(name, None, config), Problem("spec", str(error))))
+    return Verdict(spec, (*_name_problems(name, spec, config), *_placement_problems(spec, config)))

@@ -8,6 +8,12 @@ A worker pod is two containers sharing an emptyDir at /models:
   manager; it writes Triton model folders into /models;
 - ``triton``: ``tritonserver --model-control-mode=explicit --model-repository=/models``,
   listening on localhost only, so load/unload never leave the pod.
+
+GPUs (``OperatorConfig.gpu_mode``): with Dynamic Resource Allocation the pod
+claims its devices once (``resourceClaims``, from the chart's
+ResourceClaimTemplate) and both containers name that one claim, so the
+worker and Triton see the same GPU(s). With the device plugin each container
+requests its own count, and gets devices of its own.
 """
 from __future__ import annotations
 
@@ -17,7 +23,7 @@ from typing import Any, Iterable, Sequence
 
 from modelplane_common import labels
 from modelplane_common.spec import API_VERSION, KIND, ModelSpec, Placement
-from modelplane_operator.config import OperatorConfig
+from modelplane_operator.config import GpuMode, OperatorConfig
 
 WORKER_CONTAINER = "modelplane-worker"
 TRITON_CONTAINER = "triton"
@@ -31,6 +37,7 @@ TRITON_METRICS_PORT = 8002
 RUN_AS_USER = 1000
 MANAGER = "modelplane-operator"
 SPEC_HASH = "modelplane.io/spec-hash"
+GPU_CLAIM = "gpu"  # dra: the pod's one ResourceClaim, named by both containers
 
 
 def dedicated_name(model: str) -> str:
@@ -38,9 +45,10 @@ def dedicated_name(model: str) -> str:
     return f"{model}-dedicated"
 
 
-def worker_labels(pool: str) -> dict[str, str]:
-    """Labels on every worker pod; `pool` is "shared" or the dedicated model's name."""
-    return {labels.PART_OF: labels.PROJECT, labels.COMPONENT: labels.WORKER, labels.POOL: pool}
+def worker_labels(dedicated_to: str | None = None) -> dict[str, str]:
+    """Labels on every worker pod: the worker's own, and its pool's (the shared pool, or the
+    dedicated group of `dedicated_to`); a pool's Deployment selects exactly these."""
+    return {labels.PART_OF: labels.PROJECT, labels.COMPONENT: labels.WORKER, **labels.pool_labels(dedicated_to)}
 
 
 def _http_probe(path: str, period: int, failures: int) -> dict[str, Any]:
@@ -53,11 +61,22 @@ def _container_security() -> dict[str, Any]:
             "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}}
 
 
-def _resources(cpu: str, memory: str, gpus: int) -> dict[str, Any]:
+def _resources(config: OperatorConfig, cpu: str, memory: str, device_plugin_gpus: int) -> dict[str, Any]:
+    """CPU and memory, and the container's GPUs: the pod's shared claim (dra) or its own count (devicePlugin)."""
     limits: dict[str, Any] = {"cpu": cpu, "memory": memory}
-    if gpus:
-        limits["nvidia.com/gpu"] = str(gpus)
-    return {"requests": dict(limits), "limits": limits}
+    if config.gpu_mode is GpuMode.DEVICE_PLUGIN and device_plugin_gpus:
+        limits[config.gpu_resource] = str(device_plugin_gpus)
+    resources: dict[str, Any] = {"requests": dict(limits), "limits": limits}
+    if config.gpu_mode is GpuMode.DRA:
+        resources["claims"] = [{"name": GPU_CLAIM}]
+    return resources
+
+
+def pod_resource_claims(config: OperatorConfig) -> list[dict[str, Any]]:
+    """dra: the one claim per pod, made by Kubernetes from the chart's ResourceClaimTemplate."""
+    if config.gpu_mode is not GpuMode.DRA:
+        return []
+    return [{"name": GPU_CLAIM, "resourceClaimTemplateName": config.gpu_claim_template}]
 
 
 def source_roots(config: OperatorConfig) -> str:
@@ -95,7 +114,7 @@ def build_worker_container(config: OperatorConfig, pinned: Sequence[str]) -> dic
         "livenessProbe": _http_probe("/v2/health/live", period=10, failures=6),
         # Pinned loads can take minutes: liveness and readiness wait until this passes once.
         "startupProbe": _http_probe("/v2/health/ready", period=5, failures=config.startup_probe_failure_threshold),
-        "resources": _resources(config.worker_cpu, config.worker_memory, config.gpus_per_pod),
+        "resources": _resources(config, config.worker_cpu, config.worker_memory, config.gpus_per_pod),
         "securityContext": _container_security(),
         "volumeMounts": mounts,
     }
@@ -119,19 +138,20 @@ def build_triton_container(config: OperatorConfig) -> dict[str, Any]:
             "--exit-on-error=false",
         ],
         "ports": [{"name": "triton-metrics", "containerPort": TRITON_METRICS_PORT, "protocol": "TCP"}],
-        "resources": _resources(config.triton_cpu, config.triton_memory, 0),
+        "resources": _resources(config, config.triton_cpu, config.triton_memory, config.triton_gpus),
         "securityContext": _container_security(),
         "volumeMounts": [{"name": "model-repository", "mountPath": MODEL_REPOSITORY, "readOnly": True},
                          {"name": "triton-tmp", "mountPath": "/tmp"}],
     }
 
 
-def store_key(pool: str) -> str:
-    """The model-store ConfigMap key a pool's pods read: shared models, or one dedicated model."""
-    return MODEL_STORE_KEY if pool == labels.SHARED_POOL else f"dedicated.{pool}.json"
+def store_key(dedicated_to: str | None = None) -> str:
+    """The model-store ConfigMap key a pool's pods read: the shared models, or one dedicated model's.
+    Keyed by placement, not by name alone: no model name gives the shared pool's key."""
+    return MODEL_STORE_KEY if dedicated_to is None else f"dedicated.{dedicated_to}.json"
 
 
-def build_worker_pod_template(config: OperatorConfig, pool: str, pinned: Sequence[str],
+def build_worker_pod_template(config: OperatorConfig, dedicated_to: str | None, pinned: Sequence[str],
                               annotations: dict[str, str] | None = None) -> dict[str, Any]:
     """A worker pod: worker + Triton sidecar sharing /models, non-root, GPUs from the settings."""
     volumes: list[dict[str, Any]] = [
@@ -139,14 +159,14 @@ def build_worker_pod_template(config: OperatorConfig, pool: str, pinned: Sequenc
         # Each pool sees only its own models, so the router (which places a model only on pods
         # whose catalog lists it) never puts other models on a dedicated group, nor its model on the pool.
         {"name": "model-store", "configMap": {"name": config.model_store_configmap,
-                                              "items": [{"key": store_key(pool), "path": MODEL_STORE_KEY}]}},
+                                              "items": [{"key": store_key(dedicated_to), "path": MODEL_STORE_KEY}]}},
         {"name": "worker-tmp", "emptyDir": {}},
         {"name": "triton-tmp", "emptyDir": {}},
     ]
     volumes += [{"name": f"claim-{claim}", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
                 for claim in config.model_claims]
     template = {
-        "metadata": {"labels": worker_labels(pool), **({"annotations": annotations} if annotations else {})},
+        "metadata": {"labels": worker_labels(dedicated_to), **({"annotations": annotations} if annotations else {})},
         "spec": {
             # Workers never call the API server: no token in the pod.
             "automountServiceAccountToken": False,
@@ -159,19 +179,21 @@ def build_worker_pod_template(config: OperatorConfig, pool: str, pinned: Sequenc
     }
     if config.worker_service_account:
         template["spec"]["serviceAccountName"] = config.worker_service_account
+    if claims := pod_resource_claims(config):
+        template["spec"]["resourceClaims"] = claims
     return template
 
 
-def _deployment(name: str, namespace: str, pool: str, replicas: int, template: dict[str, Any],
-                extra_labels: dict[str, str]) -> dict[str, Any]:
+def _deployment(name: str, namespace: str, dedicated_to: str | None, replicas: int,
+                template: dict[str, Any]) -> dict[str, Any]:
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": {"name": name, "namespace": namespace,
-                     "labels": {**worker_labels(pool), labels.MANAGED_BY: MANAGER, **extra_labels}},
+                     "labels": {**worker_labels(dedicated_to), labels.MANAGED_BY: MANAGER}},
         "spec": {
             "replicas": replicas,
-            "selector": {"matchLabels": worker_labels(pool)},
+            "selector": {"matchLabels": worker_labels(dedicated_to)},
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
             "template": template,
         },
@@ -188,18 +210,18 @@ def owner_reference(body: dict[str, Any]) -> dict[str, Any]:
 def build_dedicated_deployment(spec: ModelSpec, body: dict[str, Any], config: OperatorConfig) -> dict[str, Any]:
     """A latency-optimized instance group: replicas.min pods that each pin this one model."""
     # A changed spec rolls the group, so its pods load the model as now declared.
-    template = build_worker_pod_template(config, pool=spec.id, pinned=[spec.id],
+    template = build_worker_pod_template(config, dedicated_to=spec.id, pinned=[spec.id],
                                          annotations={SPEC_HASH: spec_hash(spec)})
     deployment = _deployment(dedicated_name(spec.id), body["metadata"]["namespace"], spec.id,
-                             spec.replicas.min, template, {labels.SERVED_MODEL: spec.id})
+                             spec.replicas.min, template)
     deployment["metadata"]["ownerReferences"] = [owner_reference(body)]
     return deployment
 
 
 def build_pool_deployment(config: OperatorConfig, replicas: int) -> dict[str, Any]:
     """The shared pool: pods pin nothing; the router places models on them."""
-    template = build_worker_pod_template(config, pool=labels.SHARED_POOL, pinned=[])
-    return _deployment(config.pool_name, config.namespace, labels.SHARED_POOL, replicas, template, {})
+    template = build_worker_pod_template(config, dedicated_to=None, pinned=[])
+    return _deployment(config.pool_name, config.namespace, None, replicas, template)
 
 
 def store_entry(spec: ModelSpec) -> dict[str, Any]:

@@ -17,8 +17,8 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from modelplane_common import errors
-from modelplane_common.http import install_error_handler
+from modelplane_common import errors, wire
+from modelplane_common.http import error_body, install_error_handler
 from modelplane_common.wire import CopyState
 from modelplane_router.inference_asgi import InferenceRoutes, metric_label
 from modelplane_router.service import RouterService
@@ -48,17 +48,18 @@ def passed_response(upstream: UpstreamResponse) -> Response:
     return Response(content=upstream.content, status_code=upstream.status_code, headers=headers)
 
 
-def models_report(service: RouterService) -> dict[str, Any]:
-    """``GET /models``: the seed's two lists, plus where each model's copies live."""
+def models_report(service: RouterService) -> wire.RouterModelsResponse:
+    """``GET /models``: the seed's ``{id: metadata}`` and ``{id: name}`` for the cluster, plus where each model's copies live."""
     model_map = service.model_map
-    copies: dict[str, list[dict[str, Any]]] = {}
+    copies: dict[str, list[wire.CopyLocation]] = {}
     for pod in model_map.pods():
         for copy in pod.copies.values():
             copies.setdefault(copy.model, []).append(
-                {"pod": pod.name, "url": pod.url, "state": copy.state.value, "bytes": copy.bytes}
-            )
-    loaded = sorted(m for m, cs in copies.items() if any(c["state"] == CopyState.READY.value for c in cs))
-    return {"available_models": sorted(model_map.known_models()), "loaded_models": loaded, "copies": copies}
+                wire.CopyLocation(pod=pod.name, url=pod.url, state=copy.state.value, bytes=copy.bytes))
+    available = {model: service.sync.catalog.metadata(model) for model in sorted(model_map.known_models())}
+    loaded = {model: available[model].name if model in available else model
+              for model, located in sorted(copies.items()) if any(c.state == CopyState.READY.value for c in located)}
+    return wire.RouterModelsResponse(available_models=available, loaded_models=loaded, copies=copies)
 
 
 def create_app(service: RouterService, admin_token: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> InferenceRoutes:
@@ -99,7 +100,7 @@ def create_app(service: RouterService, admin_token: str | None = None, max_body_
         router.check_known(name)
         if service.model_map.ready_copies(name):
             return Response(status_code=200)
-        return JSONResponse({"error": f"model {name!r} has no ready copy yet; it loads on its first request"}, status_code=503)
+        return JSONResponse(error_body(f"model {name!r} has no ready copy yet; it loads on its first request"), status_code=503)
 
     @app.get("/v2/health/live")
     async def live() -> Response:
@@ -109,14 +110,14 @@ def create_app(service: RouterService, admin_token: str | None = None, max_body_
     async def ready() -> Response:
         if service.model_map.ready_pods():
             return Response(status_code=200)
-        return JSONResponse({"error": "no ready worker pod"}, status_code=503)
+        return JSONResponse(error_body("no ready worker pod"), status_code=503)
 
     @app.get("/v2")
     async def server_metadata() -> dict[str, Any]:
         return {"name": SERVER_NAME, "version": "0.1.0", "extensions": ["binary_tensor_data", "model_repository"]}
 
     @app.get("/models")
-    async def models() -> dict[str, Any]:
+    async def models() -> wire.RouterModelsResponse:
         return models_report(service)
 
     @app.get("/router/pods")
@@ -135,10 +136,10 @@ def create_app(service: RouterService, admin_token: str | None = None, max_body_
     async def repository_index() -> list[dict[str, Any]]:
         report = models_report(service)
         rows = []
-        for model in report["available_models"]:
-            copies = report["copies"].get(model, [])
-            state = "READY" if model in report["loaded_models"] else ("LOADING" if copies else "UNAVAILABLE")
-            rows.append({"name": model, "state": state, "reason": "", "pods": [c["pod"] for c in copies if c["state"] == "READY"]})
+        for model in report.available_models:
+            copies = report.copies.get(model, [])
+            state = "READY" if model in report.loaded_models else ("LOADING" if copies else "UNAVAILABLE")
+            rows.append({"name": model, "state": state, "reason": "", "pods": [c.pod for c in copies if c.state == "READY"]})
         return rows
 
     @app.post("/v2/repository/models/{name}/load")

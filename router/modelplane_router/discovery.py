@@ -95,7 +95,7 @@ class KubeDiscovery:
         self.worker_port = worker_port
         self._core = client.CoreV1Api(api_client)
         self._custom = client.CustomObjectsApi(api_client)
-        self._pods: dict[str, tuple[str, str, str]] = {}  # pod name -> (url, node, pool label)
+        self._pods: dict[str, tuple[str, str, str]] = {}  # pod name -> (url, node, labels.pool_of)
         self._specs: dict[str, ModelSpec] = {}
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -109,7 +109,7 @@ class KubeDiscovery:
         return next((node for u, node, _ in self._pods.values() if u == url), "")
 
     def pool_of(self, url: str) -> str:
-        """The pod's ``modelplane.io/pool`` label: "shared", or the model of a dedicated group."""
+        """The pod's pool from its labels: "shared", ``labels.dedicated_pool(model)``, or ""."""
         return next((pool for u, _, pool in self._pods.values() if u == url), "")
 
     def spec_of(self, model: str) -> ModelSpec | None:
@@ -144,7 +144,7 @@ class KubeDiscovery:
         if url is None:
             self._pods.pop(name, None)
         else:
-            pool = (pod.metadata.labels or {}).get(labels.POOL, "")
+            pool = labels.pool_of(pod.metadata.labels or {})
             self._pods[name] = (url, pod.spec.node_name or "", pool)
 
     def apply_served_model_event(self, kind: str, body: dict[str, Any]) -> None:

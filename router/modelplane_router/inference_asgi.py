@@ -5,7 +5,7 @@ nearly all traffic and need nothing from FastAPI: read the body (bounded),
 find the model name, forward, copy the answer back. Serving them here skips
 FastAPI's routing, dependency solving and middleware stack, a large share of
 the router's CPU per request. Everything else (lifespan included) goes to
-the FastAPI app unchanged, and errors get the same ``{"error": ...}`` bodies.
+the FastAPI app unchanged, and errors get the same bodies (``http.error_body``).
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from typing import Any, Awaitable, Callable, Mapping
 
 import pydantic
 
-from modelplane_common import errors
+from modelplane_common import errors, http
 from modelplane_common.wire import PredictRequest
 from modelplane_router.routing import Router
 from modelplane_router.telemetry import RouterMetrics
@@ -106,7 +106,7 @@ class InferenceRoutes:
             await respond(send, code, upstream.content, passed)
         except errors.ModelplaneError as exc:
             code = exc.status_code
-            payload = json.dumps({"error": exc.message}).encode()
+            payload = json.dumps(http.error_body(exc.message)).encode()
             await respond(send, code, payload, {"content-type": "application/json", **exc.headers})
         finally:
             if model is not None:

@@ -65,7 +65,8 @@ class RouterService:
         if not pool:
             return True
         spec = self.discovery.spec_of(model)
-        wanted = model if spec is not None and spec.placement == Placement.DEDICATED else labels.SHARED_POOL
+        dedicated = spec is not None and spec.placement == Placement.DEDICATED
+        wanted = labels.dedicated_pool(model) if dedicated else labels.SHARED_POOL
         return pool == wanted
 
     def limits_for(self, model: str) -> ModelLimits:

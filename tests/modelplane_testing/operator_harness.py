@@ -62,7 +62,8 @@ def served_model(name: str, **spec: Any) -> dict[str, Any]:
 
 
 def operator_config(namespace: str, **overrides: Any) -> OperatorConfig:
-    values: dict[str, Any] = dict(namespace=namespace, pod_memory_budget="4Gi", gpus_per_pod=1,
+    # The device plugin's nvidia.com/gpu: pods that need no ResourceClaimTemplate in the test namespace.
+    values: dict[str, Any] = dict(namespace=namespace, pod_memory_budget="4Gi", gpu_mode="devicePlugin", gpus_per_pod=1,
                                   pool_min_pods=1, pool_max_pods=4, status_interval_s=1.0,
                                   worker_image="registry.example/modelplane/worker:test",
                                   triton_image="nvcr.io/nvidia/tritonserver:24.10-py3")

@@ -19,11 +19,12 @@ from modelplane_testing import ballast_framework as ballast, polling
 from modelplane_testing.processes import REPO, free_port, spawn, wait_http
 from modelplane_common.eviction import EvictionPolicy
 from modelplane_worker import api
+from modelplane_worker.backends import Backends
 from modelplane_worker.manager import ModelManager
 from modelplane_worker.metrics import WorkerMetrics
 from modelplane_worker.frameworks.base import WorkerContext
 from modelplane_worker.store import ModelStore
-from modelplane_worker.triton_health import TritonHealth
+from modelplane_worker.triton_backend import TritonBackend
 
 __all__ = ["REPO", "ballast_app", "free_port", "serve_in_thread", "wait_until", "worker_process"]
 
@@ -44,13 +45,13 @@ def ballast_app(
 ) -> FastAPI:
     """A complete worker app whose in-process models are ballast models."""
     metrics = WorkerMetrics(pod_name, budget)
-    triton = TritonHealth(triton_url)
+    backends = Backends([TritonBackend(triton_url)])
     manager_options.setdefault("policy", EvictionPolicy(churn_guard_s=0))
     manager = ModelManager(
-        store, WorkerContext(triton_url=triton_url), budget,
-        observer=metrics, preflight=triton.require, create_worker=ballast.create_worker, **manager_options,
+        store, WorkerContext(backends=backends.by_name()), budget,
+        observer=metrics, preflight=backends.require, create_worker=ballast.create_worker, **manager_options,
     )
-    return api.create_app(manager, metrics, triton, pod_name=pod_name, max_body_bytes=max_body_bytes, pinned_check_s=0.2)
+    return api.create_app(manager, metrics, backends, pod_name=pod_name, max_body_bytes=max_body_bytes, pinned_check_s=0.2)
 
 
 @contextlib.contextmanager

@@ -62,3 +62,13 @@ def test_status_and_printer_columns() -> None:
     assert columns["Framework"] == ".spec.framework"
     assert columns["Ready"] == ".status.readyReplicas"
     assert columns["Age"] == ".metadata.creationTimestamp"
+
+
+def test_the_crd_refuses_exactly_the_names_the_operator_refuses() -> None:
+    import ast
+    import re
+
+    rules = _version()["schema"]["openAPIV3Schema"]["x-kubernetes-validations"]
+    (rule,) = [r["rule"] for r in rules if "metadata.name" in r["rule"]]
+    listed = ast.literal_eval(re.search(r"\[[^\]]*\]", rule).group(0))
+    assert sorted(listed) == sorted(spec_module.RESERVED_NAMES)

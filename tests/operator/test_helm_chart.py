@@ -45,7 +45,8 @@ def test_rendered_chart_passes_server_side_dry_run(cluster: Cluster) -> None:
     created = result.stdout
     for name in ("deployment.apps/modelplane-operator", "deployment.apps/modelplane-router",
                  "service/modelplane-router", "role.rbac.authorization.k8s.io/modelplane-operator",
-                 "serviceaccount/modelplane-worker", "customresourcedefinition.apiextensions.k8s.io/servedmodels.modelplane.io"):
+                 "serviceaccount/modelplane-worker", "customresourcedefinition.apiextensions.k8s.io/servedmodels.modelplane.io",
+                 "resourceclaimtemplate.resource.k8s.io/modelplane-worker-gpu"):
         assert name in created, created
 
 
@@ -106,7 +107,8 @@ def test_operator_works_under_its_own_service_account(installed: Cluster, tmp_pa
 
 
 def test_chart_settings_are_ones_the_operator_reads(kube_cluster: KubeCluster) -> None:
-    result = _helm(kube_cluster, "template", "modelplane", str(CHART), "--set", "workers.gpusPerPod=2",
+    result = _helm(kube_cluster, "template", "modelplane", str(CHART), "--set", "workers.gpu.mode=devicePlugin",
+                   "--set", "workers.gpu.count=2", "--set", "workers.gpu.tritonCount=1",
                    "--set", "workers.memoryBudget=40Gi", "--set", "workers.modelClaims={models,extra}")
     assert result.returncode == 0, result.stderr
     operator = next(d for d in yaml.safe_load_all(result.stdout)
@@ -116,6 +118,8 @@ def test_chart_settings_are_ones_the_operator_reads(kube_cluster: KubeCluster) -
     assert unknown == []
     config = OperatorConfig.from_env(env, namespace="ml")
     assert (config.gpus_per_pod, config.pod_memory_budget, config.model_claims) == (2, 40 * 2**30, ("models", "extra"))
+    assert (config.gpu_mode.value, config.triton_gpus) == ("devicePlugin", 1)
+    assert not [d for d in yaml.safe_load_all(result.stdout) if d and d["kind"] == "ResourceClaimTemplate"]
     assert config.worker_service_account == "modelplane-worker"
 
 
@@ -150,3 +154,14 @@ def test_router_has_no_admin_token_unless_a_secret_is_named(kube_cluster: KubeCl
     env = _router_env(kube_cluster, "router.extraEnv[0].name=HTTPS_PROXY,router.extraEnv[0].value=http://proxy:3128")
     assert "MODELPLANE_ADMIN_TOKEN" not in {e["name"] for e in env}
     assert {"name": "HTTPS_PROXY", "value": "http://proxy:3128"} in env
+
+
+@pytest.mark.parametrize("values, words", [
+    (["workers.gpusPerPod=1"], "workers.gpusPerPod is now workers.gpu.count"),
+    (["workers.gpu.mode=gpus"], 'workers.gpu.mode must be dra, devicePlugin or none, not "gpus"'),
+    (["workers.gpu.count=0"], "workers.gpu.count must be at least 1 with workers.gpu.mode dra"),
+])
+def test_gpu_values_that_would_give_pods_no_gpu_fail_the_render(kube_cluster: KubeCluster, values: list[str],
+                                                                words: str) -> None:
+    result = _helm(kube_cluster, "template", "modelplane", str(CHART), *[a for v in values for a in ("--set", v)])
+    assert result.returncode != 0 and words in result.stderr, result.stderr

@@ -24,7 +24,7 @@ def _healthy(url: str) -> bool:
 def test_operator_command_reads_its_settings_from_the_environment(cluster: Cluster, tmp_path: Path) -> None:
     liveness = f"http://127.0.0.1:{free_port()}/healthz"
     env = {**os.environ, "KUBECONFIG": str(cluster.kube.kubeconfig),
-           "MODELPLANE_OPERATOR_NAMESPACE": cluster.namespace, "MODELPLANE_OPERATOR_GPUS_PER_POD": "0",
+           "MODELPLANE_OPERATOR_NAMESPACE": cluster.namespace, "MODELPLANE_OPERATOR_GPU_MODE": "none",
            "MODELPLANE_OPERATOR_POD_MEMORY_BUDGET": "2Gi", "MODELPLANE_OPERATOR_POOL_MIN_PODS": "2",
            "MODELPLANE_OPERATOR_WORKER_IMAGE": "registry.example/worker:env"}
     log = (tmp_path / "operator.log").open("w")
@@ -41,7 +41,8 @@ def test_operator_command_reads_its_settings_from_the_environment(cluster: Clust
         deployment = wait_for(lambda: cluster.get("deployment", "from-env-dedicated"), "the dedicated Deployment")
         worker = deployment["spec"]["template"]["spec"]["containers"][0]
         assert worker["image"] == "registry.example/worker:env"
-        assert "nvidia.com/gpu" not in worker["resources"]["limits"]
+        assert "nvidia.com/gpu" not in worker["resources"]["limits"] and "claims" not in worker["resources"]
+        assert "resourceClaims" not in deployment["spec"]["template"]["spec"]  # gpu mode none, from the environment
         assert cluster.get("deployment", "modelplane-pool")["spec"]["replicas"] == 2
     finally:
         process.send_signal(signal.SIGTERM)

@@ -40,7 +40,7 @@ def test_dedicated_model_gets_its_own_pinned_deployment(cluster: Cluster, operat
     assert json.loads(store["models.json"])["models"] == []
 
     # The controller-manager turns it into real pods; they carry the worker labels the router selects.
-    pods = wait_for(lambda: len(p := cluster.items("pods", "modelplane.io/pool=sentiment")) == 2 and p, "2 pods")
+    pods = wait_for(lambda: len(p := cluster.items("pods", "modelplane.io/servedmodel=sentiment")) == 2 and p, "2 pods")
     assert all(p["spec"]["securityContext"]["runAsNonRoot"] for p in pods)
 
     # Nothing runs the pods here, so no copy is ready and status says so.
@@ -76,7 +76,7 @@ def test_spec_update_reaches_the_deployment_and_delete_removes_it(cluster: Clust
 
 def test_a_crash_looping_dedicated_pod_shows_in_ready(cluster: Cluster, operator) -> None:
     cluster.apply(served_model("fragile", placement="dedicated", replicas={"min": 1, "max": 1}))
-    [pod] = wait_for(lambda: cluster.items("pods", "modelplane.io/pool=fragile"), "the dedicated pod")
+    [pod] = wait_for(lambda: cluster.items("pods", "modelplane.io/servedmodel=fragile"), "the dedicated pod")
     # What a kubelet reports when the pinned model's load keeps failing the startup probe.
     crash = {"status": {"phase": "Running", "containerStatuses": [{
         "name": "modelplane-worker", "ready": False, "restartCount": 3, "image": "worker:test", "imageID": "",

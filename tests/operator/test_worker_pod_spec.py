@@ -40,7 +40,7 @@ def test_dedicated_deployment_pins_its_model_on_min_replicas() -> None:
 
 
 def test_worker_and_sidecar_share_the_model_repository() -> None:
-    containers = _containers(workloads.build_worker_pod_template(_config(), "shared", []))
+    containers = _containers(workloads.build_worker_pod_template(_config(), None, []))
     worker, triton = containers["modelplane-worker"], containers["triton"]
     assert {"name": "model-repository", "mountPath": "/models"} in worker["volumeMounts"]
     assert {"name": "model-repository", "mountPath": "/models", "readOnly": True} in triton["volumeMounts"]
@@ -53,23 +53,40 @@ def test_worker_and_sidecar_share_the_model_repository() -> None:
 
 
 def test_probes_readiness_needs_models_liveness_does_not() -> None:
-    worker = _containers(workloads.build_worker_pod_template(_config(), "shared", []))["modelplane-worker"]
+    worker = _containers(workloads.build_worker_pod_template(_config(), None, []))["modelplane-worker"]
     assert worker["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
     assert worker["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
     startup = worker["startupProbe"]
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 600  # ten minutes for slow first loads
 
 
-def test_gpus_come_from_the_settings() -> None:
-    gpu = _containers(workloads.build_worker_pod_template(_config(), "shared", []))["modelplane-worker"]
-    assert gpu["resources"]["limits"]["nvidia.com/gpu"] == "2"
-    cpu_only = _containers(workloads.build_worker_pod_template(_config().model_copy(update={"gpus_per_pod": 0}),
-                                                               "shared", []))["modelplane-worker"]
-    assert "nvidia.com/gpu" not in cpu_only["resources"]["limits"]
+def test_with_dra_both_containers_share_the_pods_one_gpu_claim() -> None:
+    template = workloads.build_worker_pod_template(_config(gpu_mode="dra", gpu_claim_template="gpus"), None, [])
+    assert template["spec"]["resourceClaims"] == [{"name": "gpu", "resourceClaimTemplateName": "gpus"}]
+    for container in template["spec"]["containers"]:  # the worker AND the Triton sidecar
+        assert container["resources"]["claims"] == [{"name": "gpu"}], container["name"]
+        assert "nvidia.com/gpu" not in container["resources"]["limits"]
+
+
+def test_with_the_device_plugin_each_container_requests_its_own() -> None:
+    config = _config(gpu_mode="devicePlugin", triton_gpus=1)
+    containers = _containers(workloads.build_worker_pod_template(config, None, []))
+    assert containers["modelplane-worker"]["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    assert containers["triton"]["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert "resourceClaims" not in workloads.build_worker_pod_template(config, None, [])["spec"]
+    cpu_triton = _containers(workloads.build_worker_pod_template(_config(gpu_mode="devicePlugin"), None, []))["triton"]
+    assert "nvidia.com/gpu" not in cpu_triton["resources"]["limits"]  # tritonCount 0: Triton on the CPU
+
+
+def test_cpu_only_pods_ask_for_no_gpu() -> None:
+    template = workloads.build_worker_pod_template(_config(gpu_mode="none"), None, [])
+    assert "resourceClaims" not in template["spec"]
+    for container in template["spec"]["containers"]:
+        assert "nvidia.com/gpu" not in container["resources"]["limits"] and "claims" not in container["resources"]
 
 
 def test_nothing_runs_as_root_or_holds_an_api_token() -> None:
-    template = workloads.build_worker_pod_template(_config(), "shared", [])
+    template = workloads.build_worker_pod_template(_config(), None, [])
     assert template["spec"]["securityContext"]["runAsNonRoot"] is True
     assert template["spec"]["securityContext"]["runAsUser"] != 0
     assert template["spec"]["automountServiceAccountToken"] is False
@@ -101,7 +118,7 @@ def test_each_pool_mounts_only_its_own_models() -> None:
     store = workloads.build_model_store_configmap([_spec(), shared], _config())["data"]
     assert set(store) == {"models.json", "dedicated.sentiment.json"}
     assert '"small"' in store["models.json"] and '"sentiment"' not in store["models.json"]
-    for pool, key in (("shared", "models.json"), ("sentiment", "dedicated.sentiment.json")):
-        template = workloads.build_worker_pod_template(_config(), pool, [])
+    for dedicated_to, key in ((None, "models.json"), ("sentiment", "dedicated.sentiment.json")):
+        template = workloads.build_worker_pod_template(_config(), dedicated_to, [])
         volume = next(v for v in template["spec"]["volumes"] if v["name"] == "model-store")
         assert volume["configMap"]["items"] == [{"key": key, "path": "models.json"}]

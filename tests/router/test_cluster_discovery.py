@@ -39,10 +39,12 @@ def kube(cluster):
     api_client.close()
 
 
-def make_pod(core, name: str, node: str, component: str = "worker", pool: str = "shared") -> None:
+def make_pod(core, name: str, node: str, component: str = "worker", dedicated_to: str | None = None) -> None:
+    pool = {"modelplane.io/pool": "dedicated", "modelplane.io/servedmodel": dedicated_to} if dedicated_to else \
+        {"modelplane.io/pool": "shared"}
     core.create_namespaced_pod("default", {
         "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "labels": {"app.kubernetes.io/component": component, "modelplane.io/pool": pool}},
+        "metadata": {"name": name, "labels": {"app.kubernetes.io/component": component, **pool}},
         "spec": {"nodeName": node, "containers": [{"name": "worker", "image": "modelplane-worker:test"}]},
     })
 
@@ -61,7 +63,7 @@ def test_ready_worker_pods_come_and_go_with_their_ip_and_node(kube):
 
     core = client.CoreV1Api(kube)
     make_pod(core, "worker-a", "node-1")
-    make_pod(core, "worker-b", "node-2", pool="big-model")
+    make_pod(core, "worker-b", "node-2", dedicated_to="big-model")
     make_pod(core, "not-a-worker", "node-1", component="router")
     discovery = KubeDiscovery("default", SELECTOR, 8080, api_client=kube)
     discovery.start()
@@ -73,7 +75,7 @@ def test_ready_worker_pods_come_and_go_with_their_ip_and_node(kube):
         set_ready(core, "worker-b", "127.0.0.12", True)
         wait_for(lambda: discovery.urls() == ["http://127.0.0.11:8080", "http://127.0.0.12:8080"], "worker-b in discovery")
         assert discovery.pool_of("http://127.0.0.11:8080") == "shared"
-        assert discovery.pool_of("http://127.0.0.12:8080") == "big-model"
+        assert discovery.pool_of("http://127.0.0.12:8080") == "dedicated/big-model"
         set_ready(core, "worker-a", "127.0.0.11", False)
         wait_for(lambda: discovery.urls() == ["http://127.0.0.12:8080"], "unready worker-a out of discovery")
         core.delete_namespaced_pod("worker-b", "default", grace_period_seconds=0)

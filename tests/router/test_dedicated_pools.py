@@ -1,6 +1,7 @@
 """Which pods may receive a new copy: dedicated instance groups hold only their own model."""
 from __future__ import annotations
 
+from modelplane_common import labels
 from modelplane_common.spec import ModelSpec
 from modelplane_router.service import RouterService
 
@@ -34,7 +35,8 @@ def spec(model_id: str, placement: str) -> ModelSpec:
 
 def test_shared_models_stay_in_the_shared_pool_and_dedicated_ones_in_their_group():
     discovery = PoolsDiscovery(
-        {"http://shared": "shared", "http://big": "big", "http://other": "other", "http://unlabelled": ""},
+        {"http://shared": "shared", "http://big": labels.dedicated_pool("big"), "http://other": labels.dedicated_pool("other"),
+         "http://unlabelled": ""},
         [spec("big", "dedicated"), spec("small", "shared")],
     )
     service = RouterService(discovery)  # type: ignore[arg-type]
@@ -45,7 +47,17 @@ def test_shared_models_stay_in_the_shared_pool_and_dedicated_ones_in_their_group
 
 
 def test_dedicated_models_are_left_to_their_own_pods_by_the_control_loop():
-    discovery = PoolsDiscovery({"http://big": "big"}, [spec("big", "dedicated"), spec("small", "shared")])
+    discovery = PoolsDiscovery({"http://big": labels.dedicated_pool("big")}, [spec("big", "dedicated"), spec("small", "shared")])
     service = RouterService(discovery)  # type: ignore[arg-type]
     assert service.limits_for("big").dedicated
     assert not service.limits_for("small").dedicated and not service.limits_for("no-spec").dedicated
+
+
+def test_a_dedicated_group_is_never_the_shared_pool_whatever_its_model_is_called():
+    """A group dedicated to a model named "shared" (one that got past admission) stays its own."""
+    pod_labels = {"modelplane.io/pool": "dedicated", "modelplane.io/servedmodel": "shared"}
+    discovery = PoolsDiscovery({"http://pool": "shared", "http://group": labels.pool_of(pod_labels)},
+                               [spec("shared", "dedicated"), spec("small", "shared")])
+    service = RouterService(discovery)  # type: ignore[arg-type]
+    assert [u for u in discovery.urls() if service.eligible("small", u)] == ["http://pool"]
+    assert [u for u in discovery.urls() if service.eligible("shared", u)] == ["http://group"]

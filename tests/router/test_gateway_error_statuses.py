@@ -58,7 +58,8 @@ def test_bad_input_passes_through_with_the_workers_4xx(stack):
     router, _ = stack
     response = httpx.post(f"{router.url}/predict", json={"model_id": "ok", "input_data": "not numbers"})
     assert response.status_code == 400
-    assert response.json() == {"error": "input_data must be a list of numbers"}
+    # Readable by a seed client (FastAPI's `detail`) and by one that reads `error`.
+    assert response.json() == {"detail": "input_data must be a list of numbers", "error": "input_data must be a list of numbers"}
 
 
 def test_malformed_requests_are_422_naming_the_field(stack):

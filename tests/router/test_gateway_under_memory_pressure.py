@@ -31,7 +31,7 @@ def test_the_router_plans_the_victim_the_worker_then_evicts(procs, tmp_path):
     # slow takes 0.8 s to load again, quick nothing: the cost model drops quick even though slow
     # was used less recently (an LRU would drop slow).
     store = write_ballast_store(tmp_path, {"slow": {"mib": 10, "delay": 0.8}, "quick": {"mib": 10}, "new": {"mib": 15}})
-    worker = procs.worker("worker", store, "30Mi")
+    worker = procs.worker("worker", store, "30Mi", extra=["--admission-control", "off"])  # new always displaces
     router = procs.router([worker])
     assert predict(router.url, "slow").status_code == 200
     assert predict(router.url, "quick").status_code == 200

@@ -13,6 +13,7 @@ import httpx
 import numpy as np
 import pytest
 import tritonclient.http as triton_http
+from tritonclient.utils import triton_to_np_dtype
 
 from gateway_helpers import ROOT, copies, local_stack
 
@@ -51,17 +52,48 @@ def test_sample_models_are_served_through_the_router_and_models_shows_where(stac
     assert abs(sum(prediction["probabilities"].values()) - 1.0) < 1e-4
     report = httpx.get(f"{url}/models", timeout=10).json()
     assert {"sentiment", "iris", "colors"} <= set(report["available_models"])
-    assert report["loaded_models"] == ["sentiment"]
+    assert report["loaded_models"] == {"sentiment": "sentiment"}  # the seed's shape: {id: name}
     assert len(copies(url, "sentiment")) == 1
+
+
+def every_listed_input(metadata: dict) -> list[triton_http.InferInput]:
+    """What a generic client (perf_analyzer, a script driven by metadata) sends: each listed input,
+    one example (-1 dimensions as 1), filled by its datatype alone."""
+    tensors = []
+    for spec in metadata["inputs"]:
+        shape = [1 if d == -1 else d for d in spec["shape"]]
+        if spec["datatype"] == "BYTES":
+            data = np.full(shape, b"a generic client wrote this", dtype=np.object_)
+        else:
+            data = np.zeros(shape, dtype=triton_to_np_dtype(spec["datatype"]))
+        tensor = triton_http.InferInput(spec["name"], shape, spec["datatype"])
+        tensor.set_data_from_numpy(data)
+        tensors.append(tensor)
+    return tensors
+
+
+def test_a_client_that_builds_every_listed_input_gets_an_answer_from_every_sample_model(stack):
+    """OIP metadata lists exactly what infer needs: no alternatives a client would send together."""
+    models = sorted(httpx.get(f"{stack.router.url}/models", timeout=10).json()["available_models"])
+    assert {"colors", "iris", "sentiment"} <= set(models)
+    client = triton_http.InferenceServerClient(stack.router.url.removeprefix("http://"), network_timeout=120)
+    try:
+        for model in models:
+            metadata = client.get_model_metadata(model)  # described from the model's files: loads nothing
+            assert metadata["inputs"], f"{model}: metadata lists no input"
+            result = client.infer(model, every_listed_input(metadata))  # a 400 raises here, naming the model
+            for output in metadata["outputs"]:
+                assert result.as_numpy(output["name"]) is not None, f"{model}: no {output['name']} in the answer"
+    finally:
+        client.close()
 
 
 def test_tritonclient_infers_a_triton_model_through_the_router(stack):
     client = triton_http.InferenceServerClient(stack.router.url.removeprefix("http://"), network_timeout=120)
     try:
         assert client.is_server_ready()
-        metadata = client.get_model_metadata("iris")  # described from its config.pbtxt: nothing is loaded
+        metadata = client.get_model_metadata("iris")  # described from its config.pbtxt, loaded or not
         (input_meta,) = metadata["inputs"]
-        assert not client.is_model_ready("iris")
         measurements = np.array([[5.1, 3.5, 1.4, 0.2], [6.7, 3.0, 5.2, 2.3]], dtype=np.float32)
         tensor = triton_http.InferInput(input_meta["name"], list(measurements.shape), input_meta["datatype"])
         tensor.set_data_from_numpy(measurements)

@@ -9,6 +9,7 @@ import pytest
 from modelplane_common.spec import ModelSpec
 from modelplane_testing.triton import TritonServer, start_tritonserver
 from modelplane_worker import samples
+from modelplane_worker.triton_backend import TritonBackend
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -35,3 +36,13 @@ def tritonserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonSer
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def triton_backend(tritonserver: TritonServer) -> Iterator[TritonBackend]:
+    """The pod's one client of that tritonserver, as main() makes it; closed at the end."""
+    backend = TritonBackend(tritonserver.url, tritonserver.repository)
+    try:
+        yield backend
+    finally:
+        backend.close()

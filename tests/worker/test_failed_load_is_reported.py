@@ -60,7 +60,7 @@ def test_a_failed_load_is_reported_backs_off_and_a_fixed_source_then_loads(tmp_p
         assert "ballast.json is missing" in copies["broken"].reason and copies["broken"].failed_at_s == 2.0
         assert {key: copy.state for key, copy in copies.items() if key != "broken"} == {"a": wire.CopyState.READY, "b": wire.CopyState.READY}
         assert status.used_bytes == 2 * MiB and status.ready  # nothing evicted, the pod still serves
-        assert client.get("/models").json()["loaded_models"] == ["a", "b"]
+        assert list(client.get("/models").json()["loaded_models"]) == ["a", "b"]
         assert client.get("/v2/models/broken/ready").status_code == 503
         entry = index_of(client)["broken"]
         assert entry["state"] == "UNAVAILABLE" and "ballast.json is missing" in entry["reason"]

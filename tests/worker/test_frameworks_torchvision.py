@@ -65,7 +65,14 @@ def test_a_preprocessed_tensor_gives_the_same_answer_as_the_image(classifier: Fr
     from_tensor = classifier.infer({"input": tensor[None].astype(np.float32)}, {})
     assert np.allclose(from_image["probabilities"], from_tensor["probabilities"], atol=1e-4)
     assert classifier.predict(tensor.tolist())[0]["label"] == "green"
-    assert [t.name for t in classifier.inputs()] == ["input", "image"] and classifier.inputs()[0].shape == [-1, 3, 64, 64]
+    # Metadata lists the one canonical input; `image` is the extension infer takes instead of it.
+    assert [(t.name, t.datatype, t.shape) for t in classifier.inputs()] == [("input", "FP32", [-1, 3, 64, 64])]
+
+
+def test_both_inputs_at_once_are_bad_input_naming_the_alternatives(classifier: FrameworkWorker) -> None:
+    both = {"input": np.zeros((1, 3, 64, 64), dtype=np.float32), "image": np.array([encoded(COLOURS["red"])], dtype=np.object_)}
+    with pytest.raises(errors.BadInput, match="'input'.*instead the extension 'image'"):
+        classifier.infer(both, {})
 
 
 def test_undecodable_image_is_bad_input(classifier: FrameworkWorker) -> None:

@@ -37,5 +37,5 @@ def test_loads_and_predicts_sent_while_preparing_succeed(sample_store, tmp_path)
         assert predicted.status_code == 200, predicted.text
         (prediction,) = predicted.json()["predictions"]
         assert prediction["label"] == "positive"
-        assert client.get("/models").json()["loaded_models"] == ["mini-embed", "sentiment"]
+        assert list(client.get("/models").json()["loaded_models"]) == ["mini-embed", "sentiment"]
         assert client.get("/v2/health/ready").json()["prepared"] is True

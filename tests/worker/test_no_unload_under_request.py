@@ -9,7 +9,7 @@ from modelplane_testing import ballast_framework as ballast
 from modelplane_testing.ballast_framework import MiB
 from modelplane_worker.dataplane import DataPlane
 from modelplane_worker.metrics import WorkerMetrics
-from modelplane_worker.triton_health import TritonHealth
+from modelplane_worker.backends import Backends
 
 
 @pytest.fixture(autouse=True)
@@ -51,7 +51,7 @@ async def test_explicit_unload_then_request_loads_again(tmp_path) -> None:
 async def test_a_request_whose_caller_went_away_still_holds_its_model_until_inference_ends(tmp_path) -> None:
     store = ballast.catalog(tmp_path, {"a": {"size": MiB, "memory": MiB, "predict_delay": 0.5}, "b": {"size": MiB, "memory": MiB}})
     manager = ballast.manager(store, budget=MiB)
-    dataplane = DataPlane(manager, WorkerMetrics("pod", MiB), TritonHealth(""))
+    dataplane = DataPlane(manager, WorkerMetrics("pod", MiB), Backends())
     try:
         await manager.load("a")
         request = asyncio.create_task(dataplane.predict("a", [1]))

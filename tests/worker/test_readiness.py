@@ -17,7 +17,7 @@ def test_ready_only_once_every_pinned_model_is_loaded(tmp_path) -> None:
         assert not_ready.status_code == 503 and not_ready.json()["pinned_not_loaded"] == ["slow-pinned"]
         assert client.post("/predict", json={"model_id": "other", "input_data": [1]}).status_code == 200
         wait_until(lambda: client.get("/v2/health/ready").status_code == 200, timeout_s=10, what="readiness")
-        assert client.get("/models").json()["loaded_models"] == ["other", "slow-pinned"]
+        assert list(client.get("/models").json()["loaded_models"]) == ["other", "slow-pinned"]
 
 
 def test_a_down_sidecar_fails_readiness_and_triton_models_only(tmp_path) -> None:

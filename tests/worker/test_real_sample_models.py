@@ -19,7 +19,8 @@ from modelplane_worker import samples
 @pytest.fixture(scope="module")
 def worker():
     store = samples.generate(REPO / "build" / "models")  # idempotent: reuses what `make install` built
-    args = ["--model-store", str(store), "--max-models", "2", "--min-residency-s", "0"]
+    # Admission control off: every load here evicts, so the victim can be checked (test_admission_queue covers it).
+    args = ["--model-store", str(store), "--max-models", "2", "--min-residency-s", "0", "--admission-control", "off"]
     with worker_process(args, env={"MODELPLANE_MEMORY_BUDGET": "2Gi", "MODELPLANE_POD_NAME": "real-pod", "HF_HUB_OFFLINE": "1"}) as url:
         with httpx.Client(base_url=url, timeout=120) as client:
             yield client
@@ -41,7 +42,7 @@ def test_text_and_image_models_answer_and_the_policys_victim_is_evicted(worker) 
     image = worker.post("/predict", json={"model_id": "colors", "input_data": png((255, 0, 0))})
     assert image.status_code == 200, image.text
     assert len(image.json()["predictions"][0]["probabilities"]) == 5
-    assert worker.get("/models").json()["loaded_models"] == ["colors", "sentiment"]
+    assert list(worker.get("/models").json()["loaded_models"]) == ["colors", "sentiment"]
 
     report = worker.get("/status").json()
     assert (report["pod"], report["memory_budget_bytes"], report["max_models"]) == ("real-pod", 2 * 2**30, 2)  # from env and flags
@@ -55,7 +56,7 @@ def test_text_and_image_models_answer_and_the_policys_victim_is_evicted(worker) 
     assert embed.status_code == 200, embed.text
     vector = np.array(embed.json()["predictions"][0]["embedding"])
     assert np.linalg.norm(vector) == pytest.approx(1.0, abs=1e-4)
-    assert worker.get("/models").json()["loaded_models"] == sorted({"colors", "sentiment", "mini-embed"} - {victim})
+    assert sorted(worker.get("/models").json()["loaded_models"]) == sorted({"colors", "sentiment", "mini-embed"} - {victim})
 
 
 def test_tritonclient_infers_text_with_binary_bytes_tensors(worker) -> None:

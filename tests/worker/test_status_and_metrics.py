@@ -39,9 +39,9 @@ def test_status_metrics_models_and_index_describe_the_same_state(tmp_path) -> No
     assert status.memory_budget_bytes == 4 * MiB and status.used_bytes == 3 * MiB and status.free_bytes == MiB
     assert {(e.id, e.memory_bytes) for e in status.catalog} == {("a", 2 * MiB), ("b", 2 * MiB), ("c", MiB)}  # c: measured wins
 
-    assert models == {"available_models": ["a", "b", "c"], "loaded_models": ["a", "c"]}
-    assert sorted(e["name"] for e in index if e["state"] == "READY") == models["loaded_models"]
-    assert sorted(e["name"] for e in ready_only) == models["loaded_models"]
+    assert list(models["available_models"]) == ["a", "b", "c"] and models["loaded_models"] == {"a": "a", "c": "c"}
+    assert sorted(e["name"] for e in index if e["state"] == "READY") == list(models["loaded_models"])
+    assert sorted(e["name"] for e in ready_only) == list(models["loaded_models"])
     assert {e["name"]: e["state"] for e in index}["b"] == "UNAVAILABLE"
 
     def metric(name: str, **labels: str) -> float:

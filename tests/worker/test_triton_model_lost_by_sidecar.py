@@ -15,14 +15,15 @@ import numpy as np
 from modelplane_common.spec import ModelSpec
 from modelplane_testing.triton import TritonServer
 from modelplane_worker import engine
+from modelplane_worker.triton_backend import TritonBackend
 
 from test_triton_worker import SETOSA, context_for, iris_copy, repository_index
 
 
 def test_infer_after_the_sidecar_lost_the_model(sample_specs: dict[str, ModelSpec], tritonserver: TritonServer,
-                                                tmp_path: Path) -> None:
+                                                triton_backend: TritonBackend, tmp_path: Path) -> None:
     _, spec = iris_copy(sample_specs, tmp_path, "iris-lost")
-    worker = engine.create(spec, context_for(tritonserver))
+    worker = engine.create(spec, context_for(triton_backend))
     worker.load()
     try:
         # What a restarted sidecar looks like from the worker: Triton no longer holds the model.

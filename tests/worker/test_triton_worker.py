@@ -14,13 +14,14 @@ from modelplane_common.spec import ModelSpec
 from modelplane_testing.triton import TritonServer, free_ports
 from modelplane_worker import engine
 from modelplane_worker.frameworks.base import FrameworkWorker, WorkerContext
+from modelplane_worker.triton_backend import TritonBackend
 
 SETOSA = [5.0, 3.4, 1.5, 0.2]
 VIRGINICA = [6.6, 3.0, 5.6, 2.0]
 
 
-def context_for(server: TritonServer) -> WorkerContext:
-    return WorkerContext(triton_url=server.url, triton_repository=server.repository)
+def context_for(backend: TritonBackend) -> WorkerContext:
+    return WorkerContext(backends={backend.name: backend})
 
 
 def repository_index(server: TritonServer) -> dict[str, dict]:
@@ -36,11 +37,11 @@ def iris_copy(sample_specs: dict[str, ModelSpec], tmp_path: Path, model_id: str)
 
 
 @pytest.fixture(scope="module")
-def iris(sample_specs: dict[str, ModelSpec], tritonserver: TritonServer,
+def iris(sample_specs: dict[str, ModelSpec], triton_backend: TritonBackend,
          tmp_path_factory: pytest.TempPathFactory) -> Iterator[FrameworkWorker]:
     """The iris sample, loaded once for the module under its own id."""
     _, spec = iris_copy(sample_specs, tmp_path_factory.mktemp("iris"), "iris-shared")
-    worker = engine.create(spec, context_for(tritonserver))
+    worker = engine.create(spec, context_for(triton_backend))
     worker.load()
     try:
         yield worker
@@ -49,8 +50,8 @@ def iris(sample_specs: dict[str, ModelSpec], tritonserver: TritonServer,
 
 
 def test_load_infer_unload_with_names_from_the_models_metadata(
-        sample_specs: dict[str, ModelSpec], tritonserver: TritonServer) -> None:
-    worker = engine.create(sample_specs["iris"], context_for(tritonserver))
+        sample_specs: dict[str, ModelSpec], tritonserver: TritonServer, triton_backend: TritonBackend) -> None:
+    worker = engine.create(sample_specs["iris"], context_for(triton_backend))
     worker.load()
     try:
         assert worker.is_ready()
@@ -94,9 +95,10 @@ def test_bad_tensors_are_bad_input_naming_the_problem(iris: FrameworkWorker, bad
 
 
 def test_a_model_is_served_under_its_id_whatever_its_config_calls_it(
-        sample_specs: dict[str, ModelSpec], tritonserver: TritonServer, tmp_path: Path) -> None:
+        sample_specs: dict[str, ModelSpec], tritonserver: TritonServer, triton_backend: TritonBackend,
+        tmp_path: Path) -> None:
     _, spec = iris_copy(sample_specs, tmp_path, "flowers")
-    worker = engine.create(spec, context_for(tritonserver))
+    worker = engine.create(spec, context_for(triton_backend))
     worker.load()
     try:
         assert repository_index(tritonserver)["flowers"]["state"] == "READY"
@@ -106,38 +108,43 @@ def test_a_model_is_served_under_its_id_whatever_its_config_calls_it(
 
 
 def test_a_model_without_its_code_fails_with_tritons_reason(
-        sample_specs: dict[str, ModelSpec], tritonserver: TritonServer, tmp_path: Path) -> None:
+        sample_specs: dict[str, ModelSpec], tritonserver: TritonServer, triton_backend: TritonBackend,
+        tmp_path: Path) -> None:
     folder, spec = iris_copy(sample_specs, tmp_path, "iris-no-code")
     (folder / "1" / "model.py").unlink()
-    worker = engine.create(spec, context_for(tritonserver))
+    worker = engine.create(spec, context_for(triton_backend))
     with pytest.raises(errors.ModelLoadFailed, match=r"model file .*iris-no-code/1/model.py is missing"):
         worker.load()
     assert not (tritonserver.repository / "iris-no-code").exists()
 
 
 def test_a_corrupt_config_fails_the_load(
-        sample_specs: dict[str, ModelSpec], tritonserver: TritonServer, tmp_path: Path) -> None:
+        sample_specs: dict[str, ModelSpec], tritonserver: TritonServer, triton_backend: TritonBackend,
+        tmp_path: Path) -> None:
     folder, spec = iris_copy(sample_specs, tmp_path, "iris-bad-config")
     (folder / "config.pbtxt").write_text("backend: \"python\"\ninput [ { name: \"x\" data_type: NOT_A_TYPE } ]\n")
     with pytest.raises(errors.ModelLoadFailed, match="Triton refused model 'iris-bad-config'"):
-        engine.create(spec, context_for(tritonserver)).load()
+        engine.create(spec, context_for(triton_backend)).load()
 
 
-def test_a_missing_source_fails_before_triton_is_asked(tritonserver: TritonServer, tmp_path: Path) -> None:
+def test_a_missing_source_fails_before_triton_is_asked(triton_backend: TritonBackend, tmp_path: Path) -> None:
     spec = ModelSpec(id="nowhere", framework="triton", source=f"file://{tmp_path}/nowhere")
     with pytest.raises(errors.ModelLoadFailed, match="nowhere"):
-        engine.create(spec, context_for(tritonserver)).load()
+        engine.create(spec, context_for(triton_backend)).load()
 
 
 def test_a_sidecar_that_is_down_is_backend_unavailable(sample_specs: dict[str, ModelSpec], tmp_path: Path) -> None:
     (port,) = free_ports(1)  # nothing listens here
-    context = WorkerContext(triton_url=f"127.0.0.1:{port}", triton_repository=tmp_path / "repo")
-    worker = engine.create(sample_specs["iris"], context)
-    with pytest.raises(errors.BackendUnavailable, match=f"127.0.0.1:{port}") as caught:
-        worker.load()
-    assert caught.value.status_code == 503
-    assert not worker.is_ready()
-    assert not (tmp_path / "repo" / "iris").exists()
+    nobody = TritonBackend(f"127.0.0.1:{port}", tmp_path / "repo")
+    worker = engine.create(sample_specs["iris"], context_for(nobody))
+    try:
+        with pytest.raises(errors.BackendUnavailable, match=f"127.0.0.1:{port}") as caught:
+            worker.load()
+        assert caught.value.status_code == 503
+        assert not worker.is_ready()
+        assert not (tmp_path / "repo" / "iris").exists()
+    finally:
+        nobody.close()
 
 
 def test_a_sidecar_that_dies_after_the_load_makes_inference_unavailable(
@@ -145,21 +152,25 @@ def test_a_sidecar_that_dies_after_the_load_makes_inference_unavailable(
     from modelplane_testing.triton import start_tritonserver
 
     server = start_tritonserver(tmp_path / "repo", log_dir=tmp_path)
+    own = TritonBackend(server.url, server.repository)
     try:
-        worker = engine.create(sample_specs["iris"], context_for(server))
-        worker.load()
-        assert worker.predict(SETOSA)["species_probabilities"][0][0] > 0.5
+        try:
+            worker = engine.create(sample_specs["iris"], context_for(own))
+            worker.load()
+            assert worker.predict(SETOSA)["species_probabilities"][0][0] > 0.5
+        finally:
+            server.stop()
+        assert not worker.is_ready()
+        with pytest.raises(errors.BackendUnavailable, match="unavailable"):
+            worker.predict(SETOSA)
+        worker.unload()  # an unload with the sidecar gone still cleans up and does not raise
+        assert not (tmp_path / "repo" / "iris").exists()
     finally:
-        server.stop()
-    assert not worker.is_ready()
-    with pytest.raises(errors.BackendUnavailable, match="unavailable"):
-        worker.predict(SETOSA)
-    worker.unload()  # an unload with the sidecar gone still cleans up and does not raise
-    assert not (tmp_path / "repo" / "iris").exists()
+        own.close()
 
 
 def test_concurrent_requests_from_many_threads_all_get_their_own_answer(iris: FrameworkWorker) -> None:
-    """tritonclient's gevent pool is per thread; the worker serves from a thread pool."""
+    """The worker serves from a thread pool; every thread's call goes through the one backend client."""
     from concurrent.futures import ThreadPoolExecutor
 
     inputs = [SETOSA if i % 2 == 0 else VIRGINICA for i in range(40)]

@@ -2,8 +2,8 @@
 
 Endpoints are thin: they read the body (refusing oversized ones with 413),
 call the data plane or the manager, and shape the answer. Every error is a
-ModelplaneError turned into ``{"error": message}`` with its status by the one
-shared handler. Choices worth knowing:
+ModelplaneError turned into ``{"detail": message, "error": message}`` with its
+status by the one shared handler. Choices worth knowing:
 
 - ``GET /v2/models/{name}`` never loads: a model that is not loaded is
   described from the store with empty ``inputs``/``outputs``; load it first
@@ -40,15 +40,16 @@ from fastapi.responses import JSONResponse
 
 from modelplane_common import errors, http, wire
 from modelplane_common.spec import ModelSpec
-from modelplane_worker import codec, triton_sync
+from modelplane_worker import codec
+from modelplane_worker.backends import Backends
 from modelplane_worker.dataplane import DataPlane
 from modelplane_worker.manager import ModelManager, RequestTiming
 from modelplane_worker.metrics import WorkerMetrics
-from modelplane_worker.triton_health import TritonHealth
 
 log = logging.getLogger(__name__)
 
 SERVER_NAME = "modelplane-worker"
+TRITON = "triton"  # the backend /status reports as triton_ready
 SERVER_VERSION = "0.1.0"
 DEFAULT_MAX_BODY_BYTES = 64 * 2**20
 
@@ -56,23 +57,23 @@ DEFAULT_MAX_BODY_BYTES = 64 * 2**20
 def create_app(
     manager: ModelManager,
     metrics: WorkerMetrics,
-    triton: TritonHealth,
+    backends: Backends,
     *,
     pod_name: str,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     load_pinned: bool = True,
     pinned_check_s: float = 5.0,
     prepare: Callable[[], None] | None = None,
-    triton_sync_s: float = 1.0,
+    backend_sync_s: float = 1.0,
 ) -> FastAPI:
     """A worker app around an assembled manager; it owns their lifetime from start-up to shutdown.
 
     `prepare` runs on a thread at start-up without delaying it (e.g. importing
     the frameworks the store uses, so the first cold load does not pay for it).
-    With a sidecar, its models are compared with the table every `triton_sync_s`
-    (a restarted sidecar comes back empty; see triton_sync).
+    Every `backend_sync_s`, what each backend (the Triton sidecar) holds is compared with
+    the table (a restarted sidecar comes back empty; see backends).
     """
-    dataplane = DataPlane(manager, metrics, triton)
+    dataplane = DataPlane(manager, metrics, backends)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -80,8 +81,7 @@ def create_app(
         background = []
         if load_pinned:
             background.append(asyncio.create_task(manager.keep_pinned_loaded(pinned_check_s)))
-        if triton.configured:
-            background.append(asyncio.create_task(triton_sync.keep_in_sync(manager, triton, triton_sync_s)))
+        background.append(asyncio.create_task(backends.keep_in_sync(manager, backend_sync_s)))
         try:
             yield
         finally:
@@ -90,7 +90,7 @@ def create_app(
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)
             await manager.close()
-            await triton.aclose()
+            await backends.aclose()
 
     app = FastAPI(title="modelplane worker", version=SERVER_VERSION, lifespan=lifespan)
     http.install_error_handler(app)
@@ -98,7 +98,7 @@ def create_app(
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error", exc_info=exc)
-        return JSONResponse({"error": f"internal error: {type(exc).__name__}: {exc}"}, status_code=500)
+        return JSONResponse(http.error_body(f"internal error: {type(exc).__name__}: {exc}"), status_code=500)
 
     async def body_of(request: Request) -> bytes:
         return await http.read_body_limited(request, max_body_bytes)
@@ -106,12 +106,13 @@ def create_app(
     prepared = asyncio.Event()
 
     async def readiness() -> dict[str, Any]:
-        # triton_ready: this pod has a sidecar and it is ready (triton models can run here);
-        # a pod without a sidecar does not wait for one to be ready.
-        triton_ready = await triton.ready()
+        # backends: each backend this pod knows and whether it is ready (its models can run here);
+        # the pod waits only for the backends it has. triton_ready: the same for the Triton sidecar.
+        each = await backends.readiness()
         missing = [key for key in manager.pinned_ids() if not manager.is_loaded(key)]
-        ready = (triton_ready or not triton.configured) and not missing and prepared.is_set()
-        return {"ready": ready, "triton_ready": triton_ready, "pinned_not_loaded": missing, "prepared": prepared.is_set()}
+        ready = await backends.ready() and not missing and prepared.is_set()
+        return {"ready": ready, "triton_ready": each.get(TRITON, False), "backends": each,
+                "pinned_not_loaded": missing, "prepared": prepared.is_set()}
 
     # ----- seed API ------------------------------------------------------
 
@@ -126,7 +127,7 @@ def create_app(
 
     @app.get("/models")
     async def models() -> wire.ModelsResponse:
-        return wire.ModelsResponse(available_models=manager.store.ids(), loaded_models=manager.loaded_ids())
+        return models_report(manager)
 
     # ----- OIP v2: server --------------------------------------------------
 
@@ -337,7 +338,15 @@ def copies(manager: ModelManager) -> list[wire.ModelCopy]:
 
 
 def catalog_entry(spec: ModelSpec, manager: ModelManager) -> wire.CatalogEntry:
-    return wire.CatalogEntry(id=spec.id, framework=spec.framework.value, memory_bytes=manager.known_size(spec))
+    return wire.CatalogEntry(id=spec.id, framework=spec.framework.value, memory_bytes=manager.known_size(spec),
+                             name=spec.name, type=spec.task.value, version=spec.version, description=spec.description)
+
+
+def models_report(manager: ModelManager) -> wire.ModelsResponse:
+    """The seed's ``/models``: ``{id: metadata}`` of the store, ``{id: name}`` of the models loaded now."""
+    available = {spec.id: catalog_entry(spec, manager).metadata() for spec in manager.store.list()}
+    loaded = {key: available[key].name if key in available else key for key in manager.loaded_ids()}
+    return wire.ModelsResponse(available_models=available, loaded_models=loaded)
 
 
 def _framework_of(manager: ModelManager, model_id: str) -> str:

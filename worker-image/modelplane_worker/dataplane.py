@@ -17,12 +17,12 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Mapping
 
 from modelplane_common import errors
-from modelplane_common.spec import Framework, ModelSpec
+from modelplane_common.spec import ModelSpec
 from modelplane_worker import codec, engine
+from modelplane_worker.backends import Backends
 from modelplane_worker.frameworks.base import ForwardedResponse, FrameworkWorker
 from modelplane_worker.manager import ModelManager, RequestTiming
 from modelplane_worker.metrics import WorkerMetrics
-from modelplane_worker.triton_health import TritonHealth
 
 log = logging.getLogger(__name__)
 
@@ -36,10 +36,10 @@ class _Outcome:
 
 
 class DataPlane:
-    def __init__(self, manager: ModelManager, metrics: WorkerMetrics, triton: TritonHealth) -> None:
+    def __init__(self, manager: ModelManager, metrics: WorkerMetrics, backends: Backends) -> None:
         self.manager = manager
         self.metrics = metrics
-        self.triton = triton
+        self.backends = backends
 
     async def predict(self, model_id: str, input_data: Any, timeout_s: float | None = None,
                       timing: RequestTiming | None = None) -> Any:
@@ -108,7 +108,7 @@ class DataPlane:
         worker = self.manager.loaded_worker(spec.id)
         if worker is None:
             return False
-        if spec.framework is Framework.TRITON and not await self.triton.ready():
+        if not await self.backends.serves(spec):
             return False
         return await asyncio.to_thread(worker.is_ready)
 
@@ -154,8 +154,7 @@ class DataPlane:
         except errors.ModelplaneError:
             raise
         except Exception as exc:
-            if spec.framework is Framework.TRITON and not await self.triton.ready():
-                raise errors.BackendUnavailable(f"model {spec.id!r}: the Triton sidecar is down ({exc})") from exc
+            await self.backends.require(spec)  # a backend that went down: 503 naming it
             log.exception("inference on %s failed", spec.id)
             raise errors.ModelplaneError(f"inference on model {spec.id!r} failed: {type(exc).__name__}: {exc}") from exc
         finally:

@@ -20,12 +20,13 @@ from fastapi import FastAPI
 from modelplane_common import quantity
 from modelplane_common.eviction import DEFAULT_CHURN_GUARD_S, EvictionPolicy
 from modelplane_worker import api, engine
+from modelplane_worker.backends import Backends
 from modelplane_worker.manager import DEFAULT_MAX_QUEUE, DEFAULT_REQUEST_TIMEOUT_S
 from modelplane_worker.frameworks.base import WorkerContext
 from modelplane_worker.manager import ModelManager
 from modelplane_worker.metrics import WorkerMetrics
 from modelplane_worker.store import JsonModelStore, ModelStore
-from modelplane_worker.triton_health import TritonHealth, host_port
+from modelplane_worker.triton_backend import TritonBackend
 
 log = logging.getLogger("modelplane_worker")
 
@@ -191,14 +192,13 @@ def build_app(settings: Settings, store: ModelStore | None = None) -> FastAPI:
         log.warning("pinned models not in the model store %s (yet): %s", settings.model_store, ", ".join(unknown))
     device_name = device()
     budget = settings.memory_budget or default_memory_budget(device_name)
+    backends = Backends([TritonBackend(settings.triton_url, settings.triton_repository)])
     context = WorkerContext(
         source_roots=settings.source_roots,
-        triton_url=host_port(settings.triton_url) if settings.triton_url else "",
-        triton_repository=settings.triton_repository,
+        backends=backends.by_name(),
         device=device_name,
     )
     metrics = WorkerMetrics(settings.pod_name, budget)
-    triton = TritonHealth(settings.triton_url)
     manager = ModelManager(
         store,
         context,
@@ -207,7 +207,7 @@ def build_app(settings: Settings, store: ModelStore | None = None) -> FastAPI:
         policy=EvictionPolicy(churn_guard_s=settings.min_residency_s),
         pinned=settings.pinned,
         observer=metrics,
-        preflight=triton.require,
+        preflight=backends.require,
         failure_backoff_s=settings.failed_load_backoff_s,
         request_timeout_s=settings.request_timeout_s,
         max_queue=settings.max_queue,
@@ -215,7 +215,7 @@ def build_app(settings: Settings, store: ModelStore | None = None) -> FastAPI:
     )
     frameworks = sorted({spec.framework.value for spec in store.list()})
     return api.create_app(
-        manager, metrics, triton, pod_name=settings.pod_name, max_body_bytes=settings.max_body_bytes,
+        manager, metrics, backends, pod_name=settings.pod_name, max_body_bytes=settings.max_body_bytes,
         prepare=lambda: import_frameworks(frameworks),
     )
 

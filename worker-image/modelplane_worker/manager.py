@@ -676,8 +676,10 @@ class ModelManager:
         copy.worker, copy.state, copy.loaded_at, copy.last_used = worker, CopyState.READY, now, now
         self._failures.pop(spec.id, None)
         if victims and self._worth_less_than(copy, victims, now):
-            copy.transient = True  # serve what waits for it, keep the more valuable copies
-            return None
+            copy.transient = True  # serve what waits for it, keep the more valuable copies...
+            # ...but what is over the budget even without it (a load admitted meanwhile) still goes.
+            victims = self._victims(extra_bytes=0, extra_slots=0, exclude=spec.id, count_unloading=False,
+                                    count_excluded=False) or []
         for victim in victims:
             self._begin_unload(self._copies[victim.model_id], evicted=True)
         return None
@@ -718,13 +720,15 @@ class ModelManager:
     # ----- eviction ------------------------------------------------------
 
     def _victims(self, extra_bytes: int, extra_slots: int, exclude: str | None,
-                 count_unloading: bool) -> list[Candidate] | None:
+                 count_unloading: bool, count_excluded: bool = True) -> list[Candidate] | None:
         """Copies to evict so that everything counted plus the extra fits; None when impossible now.
+        `exclude` is never a victim (and with `count_excluded=False` not counted either).
 
         A new load (`count_unloading`) waits for copies being unloaded to be gone: their memory is
         not free yet. A finished load does not count them again (see `_admit_loaded`)."""
-        counted = [copy for copy in self._copies.values() if copy.counts_towards_budget
-                   and (count_unloading or copy.state is not CopyState.UNLOADING)]
+        counted = [copy for key, copy in self._copies.items() if copy.counts_towards_budget
+                   and (count_unloading or copy.state is not CopyState.UNLOADING)
+                   and (count_excluded or key != exclude)]
         bytes_needed = sum(copy.bytes for copy in counted) + extra_bytes - self.memory_budget
         slots_needed = len(counted) + extra_slots - self.max_models if self.max_models else 0
         if bytes_needed <= 0 and slots_needed <= 0:

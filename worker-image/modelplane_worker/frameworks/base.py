@@ -21,9 +21,9 @@ class WorkerContext:
     """What a framework worker may need from its pod, injected (never read from globals)."""
 
     source_roots: dict[str, Path] = field(default_factory=dict)  # pvc claim name -> mount path
-    triton_url: str = "127.0.0.1:8000"  # host:port of the Triton sidecar's HTTP endpoint
-    triton_repository: Path = Path("/models")  # the volume shared with the sidecar
-    triton_timeout_s: float = 120.0  # longest a sidecar call (a load, an inference) may take
+    # Servers outside this process by name (backends.Backend), e.g. "triton": the pod's sidecar,
+    # which the triton worker stages into, loads in and infers with.
+    backends: Mapping[str, Any] = field(default_factory=dict)
     device: str = "cpu"  # "cuda" when torch.cuda.is_available()
 
 

@@ -5,7 +5,9 @@ The source folder holds ``model.json`` (architecture for
 mean, std) and ``weights.pt`` (the state dict). Images arrive as bytes
 (base64 in JSON, raw in OIP ``BYTES``) and are decoded here, never read from a
 server-side path. Tensor input is taken as already preprocessed (resized and
-normalised), the way Triton and KServe treat tensors.
+normalised), the way Triton and KServe treat tensors. OIP metadata lists only
+the canonical ``input`` tensor; ``image`` (encoded images) is an extension
+infer takes instead of it.
 """
 from __future__ import annotations
 
@@ -203,15 +205,18 @@ class TorchvisionWorker(FrameworkWorker):
             batch = self._images_to_batch([_image_bytes(item) for item in images])
         else:
             raise errors.BadInput(
-                f"model {self.spec.id!r} takes one input: {TENSOR_INPUT!r} (FP32 [N,3,H,W]) "
-                f"or {IMAGE_INPUT!r} (BYTES [N] of encoded images); got {sorted(inputs)}"
+                f"model {self.spec.id!r} takes one input: {TENSOR_INPUT!r} (FP32 [N,3,H,W]), "
+                f"or instead the extension {IMAGE_INPUT!r} (BYTES [N] of encoded images); got {sorted(inputs)}"
             )
         return {PROBABILITIES_OUTPUT: self._classify(batch)}
 
     def inputs(self) -> list[TensorSpec]:
+        """The one canonical input. ``image`` (BYTES [N] of encoded images) is an extension that
+        infer also takes instead of it, and is not listed: OIP metadata lists what infer needs,
+        and a generic client (tritonclient, perf_analyzer) builds every input listed."""
         d = self._description
         height, width = (d.height, d.width) if d else (-1, -1)
-        return [TensorSpec(TENSOR_INPUT, "FP32", [-1, 3, height, width]), TensorSpec(IMAGE_INPUT, "BYTES", [-1])]
+        return [TensorSpec(TENSOR_INPUT, "FP32", [-1, 3, height, width])]
 
     def outputs(self) -> list[TensorSpec]:
         classes = len(self._description.labels) if self._description else -1

@@ -4,107 +4,40 @@ Load stages the model folder into the repository shared with the sidecar
 (copied under a temporary name, then renamed, so Triton never sees half a
 model) and asks Triton to load it in explicit mode. Tensor names, datatypes
 and shapes come from the model's own metadata, never from constants here.
-Unload is explicit: Triton unloads, then the staged folder goes.
+Unload is explicit: Triton unloads, then the staged folder goes. Every call
+to the sidecar goes through the pod's one ``TritonBackend`` (the worker
+context's ``backends["triton"]``).
 
-Memory: the model runs in Triton's processes, not ours. A Python-backend
-model instance is its own stub process whose command line names the staged
-``model.py``; when those processes are visible (same host, or a pod with
-``shareProcessNamespace``), ``measured_bytes`` is their resident memory.
-Otherwise (another container's pid namespace, other backends) it is the
-spec's estimate, or ``DEFAULT_ESTIMATE_BYTES`` when the spec has none.
+Memory: the model runs in Triton's processes, not ours. ``measured_bytes`` is,
+in order: what Triton's model statistics report (``memory_usage``: backends
+that track their allocations, e.g. on a GPU); the resident memory of the
+model's Python-backend stub processes when they are visible (same host, or a
+pod with ``shareProcessNamespace``; their command line names the staged
+``model.py``); the spec's estimate; ``DEFAULT_ESTIMATE_BYTES``.
 """
 from __future__ import annotations
 
-import asyncio
 import re
 import shutil
-import threading
 import uuid
 from pathlib import Path
 from typing import Any, Mapping
 
-import aiohttp
 import numpy as np
 
 from modelplane_common import errors
 from modelplane_worker import engine
 from modelplane_worker.frameworks import sources
 from modelplane_worker.frameworks.base import ForwardedResponse, FrameworkWorker, TensorSpec
+from modelplane_worker.triton_backend import NAME as BACKEND_NAME, TritonBackend, TritonRefused
 
 DEFAULT_ESTIMATE_BYTES = 64 * 2**20
 STAGING_PREFIX = ".staging-"
 CONFIG_FILE = "config.pbtxt"
-# Sent with every request to the sidecar: one connection per request (see TritonWorker._call).
-NEW_CONNECTION_HEADERS = {"Connection": "close"}
-# Request headers an OIP v2 infer forward passes on to the sidecar, and response headers it drops.
-FORWARDED_REQUEST_HEADERS = ("content-type", "inference-header-content-length", "content-encoding", "accept-encoding")
-_HOP_BY_HOP_RESPONSE_HEADERS = frozenset({"connection", "keep-alive", "transfer-encoding", "content-length"})
 # The top-level `name: "..."` of a config.pbtxt (nested messages are indented).
 _CONFIG_NAME = re.compile(r'^name\s*:\s*"[^"]*"\s*$', re.MULTILINE)
-
-
-def _timeouts() -> tuple[type[BaseException], ...]:
-    try:
-        from gevent import Timeout
-    except ImportError:
-        return (TimeoutError,)
-    return (TimeoutError, Timeout)
-
-
-def _connection_errors() -> tuple[type[BaseException], ...]:
-    """What tritonclient raises when the sidecar does not answer: socket errors, gevent timeouts."""
-    return (OSError, *_timeouts())
-
-
-def client_address(url: str) -> str:
-    """tritonclient wants host:port; accept http://host:port from configuration too."""
-    return url.split("://", 1)[-1].rstrip("/")
-
-
-class TritonClients:
-    """One tritonclient per thread: its gevent connection pool must stay on the thread that made it."""
-
-    def __init__(self, url: str, timeout_s: float) -> None:
-        self.url = client_address(url)
-        self.timeout_s = timeout_s
-        self._local = threading.local()
-        self._all: list[Any] = []
-        self._lock = threading.Lock()
-
-    def get(self) -> Any:
-        client = getattr(self._local, "client", None)
-        if client is None:
-            if not self.url:
-                raise errors.BackendUnavailable("no Triton sidecar is configured for this worker (--triton-url)")
-            import tritonclient.http as triton_http
-
-            client = triton_http.InferenceServerClient(self.url, connection_timeout=5.0, network_timeout=self.timeout_s)
-            self._local.client = client
-            with self._lock:
-                self._all.append(client)
-        return client
-
-    def close(self) -> None:
-        with self._lock:
-            clients, self._all = self._all, []
-        for client in clients:
-            try:
-                client.close()
-            except Exception:  # closing is best effort: the sidecar may be gone
-                pass
-        self._local = threading.local()
-
-
-def _triton_exception() -> type[Exception]:
-    from tritonclient.utils import InferenceServerException
-
-    return InferenceServerException
-
-
-def _message(exc: Exception) -> str:
-    message = getattr(exc, "message", None)
-    text = message() if callable(message) else str(exc)
-    return (text or type(exc).__name__).strip()
+# Triton's answer for a model it does not hold (e.g. after its container restarted).
+UNKNOWN_MODEL = "unknown model"
 
 
 @engine.register("triton")
@@ -113,18 +46,22 @@ class TritonWorker(FrameworkWorker):
 
     def __init__(self, spec: Any, context: Any) -> None:
         super().__init__(spec, context)
-        self._clients = TritonClients(context.triton_url, context.triton_timeout_s)
+        self._backend: TritonBackend | None = context.backends.get(BACKEND_NAME)
         self._inputs: list[TensorSpec] = []
         self._outputs: list[TensorSpec] = []
         self._loaded = False
         self._measured: int | None = None
-        self._forwarder: aiohttp.ClientSession | None = None
-        self._forwarder_loop: asyncio.AbstractEventLoop | None = None
 
     @classmethod
     def prepare(cls) -> None:
-        """Import tritonclient (and gevent) at pod start."""
+        """Import tritonclient's codec at pod start."""
         import tritonclient.http  # noqa: F401
+
+    @property
+    def backend(self) -> TritonBackend:
+        if self._backend is None or not self._backend.configured:
+            raise errors.BackendUnavailable("no Triton sidecar is configured for this worker (--triton-url)")
+        return self._backend
 
     @property
     def triton_name(self) -> str:
@@ -133,27 +70,7 @@ class TritonWorker(FrameworkWorker):
 
     @property
     def staged_folder(self) -> Path:
-        return Path(self.context.triton_repository) / self.triton_name
-
-    # -- calls to the sidecar, with one translation of failures ---------------------------
-
-    def _call(self, what: str, method: str, *args: Any, **kwargs: Any) -> Any:
-        """Call tritonclient on a connection of its own; a sidecar that is down -> BackendUnavailable (503).
-
-        ``Connection: close``: Triton's HTTP server answers nothing on a keep-alive
-        connection opened before a model load until that load is done, so a reused
-        connection made inference on loaded models wait for another model's whole
-        load (3.4 s behind a 3.4 s load, found while fixing the readiness flap).
-        """
-        kwargs.setdefault("headers", dict(NEW_CONNECTION_HEADERS))  # a copy: tritonclient's infer adds to it
-        try:
-            return getattr(self._clients.get(), method)(*args, **kwargs)
-        except _triton_exception():
-            raise
-        except _connection_errors() as exc:
-            raise errors.BackendUnavailable(
-                f"Triton sidecar at {self._clients.url} is unavailable ({what} {self.triton_name!r}): {exc}"
-            ) from exc
+        return self.backend.repository / self.triton_name
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -163,21 +80,22 @@ class TritonWorker(FrameworkWorker):
         return declared_in_config(sources.resolve(spec.source, context.source_roots) / CONFIG_FILE)
 
     def load(self) -> None:
+        backend = self.backend
         folder = sources.resolve(self.spec.source, self.context.source_roots)
         if not folder.is_dir():
             raise errors.ModelLoadFailed(f"model {self.spec.id!r}: triton source {folder} is not a folder")
         check_python_backend_files(folder, self.spec.id)
         self._stage(folder)
         try:
-            self._call("loading", "load_model", self.triton_name)
-        except _triton_exception() as exc:
+            backend.load(self.triton_name)
+        except TritonRefused as exc:
             self._remove_staged()
-            raise errors.ModelLoadFailed(f"Triton refused model {self.spec.id!r}: {_message(exc)}") from exc
+            raise errors.ModelLoadFailed(f"Triton refused model {self.spec.id!r}: {exc.message}") from exc
         except errors.BackendUnavailable as exc:
             self._remove_staged()
-            if isinstance(exc.__cause__, _timeouts()):
+            if isinstance(exc.__cause__, TimeoutError):
                 raise errors.ModelLoadFailed(
-                    f"Triton did not finish loading {self.spec.id!r} within {self._clients.timeout_s:.0f}s"
+                    f"Triton did not finish loading {self.spec.id!r} within {backend.timeout_s:.0f}s"
                 ) from exc
             raise
         try:
@@ -190,7 +108,7 @@ class TritonWorker(FrameworkWorker):
 
     def _stage(self, source: Path) -> None:
         """Copy `source` into the repository as <id>, atomically (temp name, then rename)."""
-        repository = Path(self.context.triton_repository)
+        repository = self.backend.repository
         staging = repository / f"{STAGING_PREFIX}{self.triton_name}-{uuid.uuid4().hex[:8]}"
         try:
             repository.mkdir(parents=True, exist_ok=True)
@@ -218,39 +136,36 @@ class TritonWorker(FrameworkWorker):
 
     def _read_metadata(self) -> None:
         try:
-            metadata = self._call("reading metadata of", "get_model_metadata", self.triton_name)
-        except _triton_exception() as exc:
-            raise errors.ModelLoadFailed(f"Triton has no metadata for {self.spec.id!r}: {_message(exc)}") from exc
+            metadata = self.backend.metadata(self.triton_name)
+        except TritonRefused as exc:
+            raise errors.ModelLoadFailed(f"Triton has no metadata for {self.spec.id!r}: {exc.message}") from exc
         self._inputs = [_tensor_spec(t) for t in metadata.get("inputs", [])]
         self._outputs = [_tensor_spec(t) for t in metadata.get("outputs", [])]
 
     def unload(self) -> None:
         """Unload in Triton (if it is reachable), then remove the staged folder."""
         self._loaded = False
+        if self._backend is None or not self._backend.configured:
+            return
         try:
-            self._call("unloading", "unload_model", self.triton_name)
-        except (_triton_exception(), errors.BackendUnavailable):
+            self._backend.unload(self.triton_name)
+        except (TritonRefused, errors.BackendUnavailable):
             pass  # a sidecar that is gone or never had the model holds nothing of it
         finally:
             self._remove_staged()
-            self._clients.close()
-            self._close_forwarder()
 
     def _remove_staged(self) -> None:
         shutil.rmtree(self.staged_folder, ignore_errors=True)
 
     def measured_bytes(self) -> int:
         if self._measured is None:
-            self._measured = python_stub_rss_bytes(self.staged_folder) if self._loaded else 0
+            self._measured = 0
+            if self._loaded:
+                self._measured = self.backend.memory_bytes(self.triton_name) or python_stub_rss_bytes(self.staged_folder)
         return self._measured or self.spec.memory_bytes or DEFAULT_ESTIMATE_BYTES
 
     def is_ready(self) -> bool:
-        if not self._loaded:
-            return False
-        try:
-            return bool(self._call("checking", "is_model_ready", self.triton_name))
-        except (_triton_exception(), errors.BackendUnavailable):
-            return False
+        return self._loaded and self.backend.model_ready(self.triton_name)
 
     def inputs(self) -> list[TensorSpec]:
         return list(self._inputs)
@@ -281,77 +196,37 @@ class TritonWorker(FrameworkWorker):
         request_outputs = [triton_http.InferRequestedOutput(spec.name, binary_data=True) for spec in self._outputs]
         try:
             try:
-                result = self._call("inferring with", "infer", self.triton_name, request_inputs,
-                                    outputs=request_outputs)
-            except _triton_exception() as exc:
-                if "unknown model" not in _message(exc) or not self.staged_folder.is_dir():
+                result = self.backend.infer(self.triton_name, request_inputs, request_outputs)
+            except TritonRefused as exc:
+                if UNKNOWN_MODEL not in exc.message or not self.staged_folder.is_dir():
                     raise
                 # The sidecar restarted and lost what it held; the staged folder survived in the
                 # shared volume: load it again once rather than fail every request (found by e2e).
-                self._call("reloading", "load_model", self.triton_name)
-                result = self._call("inferring with", "infer", self.triton_name, request_inputs,
-                                    outputs=request_outputs)
-        except _triton_exception() as exc:
-            status = str(exc.status() or "")
-            if "unknown model" in _message(exc):
+                self.backend.load(self.triton_name)
+                result = self.backend.infer(self.triton_name, request_inputs, request_outputs)
+        except TritonRefused as exc:
+            if UNKNOWN_MODEL in exc.message:
                 raise errors.BackendUnavailable(
-                    f"Triton no longer holds model {self.spec.id!r} (sidecar restarted?): {_message(exc)}"
+                    f"Triton no longer holds model {self.spec.id!r} (sidecar restarted?): {exc.message}"
                 ) from exc
-            if status.startswith("4"):
-                raise errors.BadInput(f"Triton rejected the request for {self.spec.id!r}: {_message(exc)}") from exc
-            raise errors.BackendUnavailable(f"Triton failed to serve {self.spec.id!r}: {_message(exc)}") from exc
+            if 400 <= exc.status < 500:
+                raise errors.BadInput(f"Triton rejected the request for {self.spec.id!r}: {exc.message}") from exc
+            raise errors.BackendUnavailable(f"Triton failed to serve {self.spec.id!r}: {exc.message}") from exc
         return {spec.name: result.as_numpy(spec.name) for spec in self._outputs}
 
     async def forward_infer(self, body: bytes, headers: Mapping[str, str]) -> ForwardedResponse | None:
         """Send the OIP v2 body to Triton's ``/v2/models/<id>/infer`` as it came; return Triton's answer as it came.
 
         Saves decoding into numpy and encoding back. Triton's own 4xx (wrong shape, datatype,
-        tensor name) reaches the client with Triton's message. Each request opens a connection
-        of its own (``force_close``: ``Connection: close``, see ``_call``). aiohttp rather than
-        httpx: httpx alone cost ~1.6 ms a request here, aiohttp ~0.8 ms. None when Triton no
-        longer knows the model (its sidecar restarted): the tensor path loads it again.
+        tensor name) reaches the client with Triton's message. None when Triton no longer
+        knows the model (its sidecar restarted): the tensor path loads it again.
         """
         if not self._loaded:
             return None
-        outgoing = {name: headers[name] for name in FORWARDED_REQUEST_HEADERS if name in headers}
-        try:
-            async with self._forwarding_session().post(
-                f"/v2/models/{self.triton_name}/infer", data=body, headers=outgoing, allow_redirects=False
-            ) as response:
-                raw = await response.read()  # still encoded as Triton sent it (auto_decompress off)
-        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError, asyncio.TimeoutError) as exc:
-            raise errors.BackendUnavailable(
-                f"Triton sidecar at {self._clients.url} is unavailable (inferring with {self.triton_name!r}): {exc!r}"
-            ) from exc
-        if response.status >= 400 and b"unknown model" in raw and self.staged_folder.is_dir():
+        answer = await self.backend.forward_infer(self.triton_name, body, headers)
+        if answer.status >= 400 and UNKNOWN_MODEL.encode() in answer.body and self.staged_folder.is_dir():
             return None
-        kept = {name: value for name, value in response.headers.items() if name.lower() not in _HOP_BY_HOP_RESPONSE_HEADERS}
-        return ForwardedResponse(status=response.status, headers=kept, body=raw)
-
-    def _forwarding_session(self) -> aiohttp.ClientSession:
-        """This model's forwarding client, made on the event loop at its first forward."""
-        if self._forwarder is None:
-            if not self._clients.url:
-                raise errors.BackendUnavailable("no Triton sidecar is configured for this worker (--triton-url)")
-            self._forwarder = aiohttp.ClientSession(
-                base_url=f"http://{self._clients.url}",
-                connector=aiohttp.TCPConnector(force_close=True),
-                timeout=aiohttp.ClientTimeout(total=self._clients.timeout_s, connect=5.0),
-                auto_decompress=False,  # the body goes back with Triton's Content-Encoding
-                skip_auto_headers=("Accept-Encoding", "Content-Type", "User-Agent"),  # only the client's own
-            )
-            self._forwarder_loop = asyncio.get_running_loop()
-        return self._forwarder
-
-    def _close_forwarder(self) -> None:
-        """Close the forwarding client on its loop (unload runs on a thread); a stopped loop has nothing to close."""
-        session, loop, self._forwarder, self._forwarder_loop = self._forwarder, self._forwarder_loop, None, None
-        if session is None or loop is None or loop.is_closed():
-            return
-        try:
-            loop.call_soon_threadsafe(lambda: loop.create_task(session.close()))
-        except RuntimeError:  # the loop closed meanwhile
-            pass
+        return answer
 
     def predict(self, input_data: Any) -> Any:
         """JSON in: a nested list for a one-input model, or {input name: nested list}; out: {output: list}."""

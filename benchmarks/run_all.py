@@ -12,6 +12,10 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 BENCHMARKS: list[list[str]] = [
+    ["worker_under_thrash.py"],
+    ["worker_eviction_pause.py"],
+    ["worker_overload.py"],
+    ["router_load_seconds.py"],
     ["worker_cold_warm.py"],
     ["worker_head_of_line.py"],
     ["router_overhead.py"],

@@ -58,6 +58,7 @@ import contextlib
 import copy as copying
 import logging
 import math
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Awaitable, Callable, Iterable, Protocol
@@ -165,7 +166,7 @@ class _ModelStats:
     """What the manager remembers of a model across its loads and evictions."""
 
     demand: DecayedCount
-    load_seconds: float = 0.0  # its last successful load
+    load_seconds: float | None = None  # its last successful load that imported no code; None: none yet
     measured_bytes: int = 0  # its size at that load
 
 
@@ -341,7 +342,7 @@ class ModelManager:
                 inflight=copy.inflight,
                 last_used_s=max(0.0, now - copy.last_used) if copy.last_used else 0.0,
                 loaded_at_s=max(0.0, now - copy.loaded_at) if copy.loaded_at else 0.0,
-                load_seconds=stats.load_seconds if stats else 0.0,
+                load_seconds=self._load_cost(key),
                 frequency=stats.demand.value(now) if stats else 0.0,
                 queued=copy.queued + (ticket.waiters if ticket else 0),
             ))
@@ -480,7 +481,7 @@ class ModelManager:
                 retry_after_s=self._retry_after(spec),
             )
         remaining = deadline - loop.time()
-        expected = self._stats_of(spec.id).load_seconds
+        expected = self._stats_of(spec.id).load_seconds or 0.0
         if remaining < expected:
             self._observer.queue_left(spec, 0.0, "deadline")
             raise errors.NoCapacity(
@@ -561,7 +562,7 @@ class ModelManager:
 
     def _retry_after(self, spec: ModelSpec) -> int:
         """Seconds a refused client should wait: about one load of this model, at least one."""
-        return max(1, math.ceil(self._stats_of(spec.id).load_seconds or 1.0))
+        return max(1, math.ceil(self._load_cost(spec.id) or 1.0))
 
     def _occupancy(self) -> str:
         loading = sorted(k for k, c in self._copies.items() if c.state is CopyState.LOADING)
@@ -619,7 +620,7 @@ class ModelManager:
             if self._preflight is not None:
                 await self._preflight(spec)
             # One hop to the load thread: creating the worker may import its framework (seconds for torch).
-            worker, measured = await loop.run_in_executor(self._load_pool, self._create_and_load, spec)
+            worker, measured, imported = await loop.run_in_executor(self._load_pool, self._create_and_load, spec)
         except BaseException as exc:  # noqa: BLE001 - every failure must reach the waiters
             error = _as_load_error(spec, exc)
             if isinstance(exc, _HalfLoaded):
@@ -629,7 +630,7 @@ class ModelManager:
                 raise
             return
         seconds = time.perf_counter() - started
-        refusal = self._admit_loaded(copy, worker, measured, seconds)
+        refusal = self._admit_loaded(copy, worker, measured, None if imported else seconds)
         if refusal is not None:
             await self._discard(worker)
             self._fail_load(copy, refusal, seconds)
@@ -643,20 +644,47 @@ class ModelManager:
         self._drop_if_served(copy)  # a transient copy nobody waits for any more
         self._admit_queued()
 
-    def _create_and_load(self, spec: ModelSpec) -> tuple[FrameworkWorker, int]:
+    def _create_and_load(self, spec: ModelSpec) -> tuple[FrameworkWorker, int, bool]:
+        """The loaded worker, its measured size, and whether the load imported code (the first
+        model of a framework or architecture pays for imports once: that is not its own cost)."""
+        modules = len(sys.modules)
         worker = self._create_worker(spec, self.context)
         try:
             worker.load()
-            return worker, worker.measured_bytes()
+            return worker, worker.measured_bytes(), len(sys.modules) != modules
         except BaseException as exc:
             raise _HalfLoaded(worker, exc) from exc
 
-    def _admit_loaded(self, copy: _Copy, worker: FrameworkWorker, measured: int, seconds: float) -> errors.ModelplaneError | None:
-        """Make the loaded copy READY and evict what no longer fits; or say why it cannot stay."""
+    def _load_cost(self, model_id: str) -> float:
+        """A model's reload seconds for the cost model: its own last clean load, else the median of
+        its framework's on this pod (a load that imported code is no measure of the model)."""
+        stats = self._stats.get(model_id)
+        if stats is not None and stats.load_seconds is not None:
+            return stats.load_seconds
+        framework = self._framework_of(model_id)
+        known = sorted(s.load_seconds for key, s in self._stats.items()
+                       if s.load_seconds is not None and self._framework_of(key) == framework)
+        return known[len(known) // 2] if known else 0.0
+
+    def _framework_of(self, model_id: str) -> str:
+        copy = self._copies.get(model_id)
+        if copy is not None:
+            return copy.spec.framework.value
+        try:
+            return self.store.get(model_id).framework.value
+        except errors.ModelNotFound:
+            return ""
+
+    def _admit_loaded(self, copy: _Copy, worker: FrameworkWorker, measured: int,
+                      seconds: float | None) -> errors.ModelplaneError | None:
+        """Make the loaded copy READY and evict what no longer fits; or say why it cannot stay.
+        `seconds`: the load's duration, None when it imported code (no measure of the model)."""
         spec = copy.spec
         size = measured if measured > 0 else copy.bytes
         stats = self._stats_of(spec.id)
-        stats.measured_bytes, stats.load_seconds = size, seconds
+        stats.measured_bytes = size
+        if seconds is not None:
+            stats.load_seconds = seconds
         if size > self.memory_budget:
             return errors.ModelTooLarge(
                 f"model {spec.id!r} measured {format_bytes(size)} after loading, more than this worker's "
@@ -745,7 +773,7 @@ class ModelManager:
         stats = self._stats_of(key)
         return Candidate(
             model_id=key, bytes=copy.bytes, idle_s=now - copy.last_used, age_s=now - copy.loaded_at,
-            load_seconds=stats.load_seconds, frequency=stats.demand.value(now),
+            load_seconds=self._load_cost(key), frequency=stats.demand.value(now),
             inflight=copy.inflight, queued=copy.queued,
         )
 

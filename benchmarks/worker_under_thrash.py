@@ -85,6 +85,7 @@ def target(kind: str, store: Path, logs: Path, workers: int = 1) -> Iterator[str
         for _ in range(workers if kind == "router" else 1):
             port = free_port()
             urls.append(stack.enter_context(server("worker", worker_argv(store, port), port, logs, env)))
+            warm_up(urls[-1])  # every worker alike, also those behind the router
         if kind == "worker":
             yield urls[0]
             return

@@ -128,12 +128,13 @@ class ModelMap:
         self._reserved.pop((url, model), None)
 
     def record_loaded(self, url: str, model: str, nbytes: int) -> None:
-        """The worker answered our load: the copy is ready (its next report gives the measured size)."""
+        """The worker answered our load: the copy is ready. Until its next report gives the measured
+        figures, it is what the worker would report now: just loaded, wanted once."""
         pod = self._pods.get(url)
         self.release_load(url, model)
         self._suspect.discard((url, model))
         if pod is not None and model not in pod.ready_models():
-            pod.copies[model] = CopyView(model, CopyState.READY, nbytes)
+            pod.copies[model] = CopyView(model, CopyState.READY, nbytes, frequency=1.0)
             pod.free_bytes -= nbytes
 
     def record_unloaded(self, url: str, model: str) -> None:

@@ -80,12 +80,13 @@ class Processes:
         local_stack.wait_http(process, "/v2/health/ready", 90)
         return process
 
-    def workers(self, store: Path, budgets: list[str]) -> list[local_stack.Process]:
+    def workers(self, store: Path, budgets: list[str], extra: list[str] | None = None) -> list[local_stack.Process]:
         """Start several workers at once (their start-up overlaps), then wait for each."""
         started = []
         for i, budget in enumerate(budgets):
             process = local_stack.start_worker(f"worker-{i + 1}", store, self.log_dir, budget,
-                                               extra_args=["--min-residency-s", "0"], launcher=BALLAST_LAUNCHER)
+                                               extra_args=["--min-residency-s", "0", *(extra or [])],
+                                               launcher=BALLAST_LAUNCHER)
             self.started.append(process)
             started.append(process)
         for process in started:

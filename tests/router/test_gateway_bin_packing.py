@@ -13,7 +13,8 @@ def predict(router_url: str, model: str) -> None:
 
 def test_new_models_fill_the_best_fitting_pod_and_evict_where_it_costs_least(procs, tmp_path):
     store = write_ballast_store(tmp_path, {"small": {"mib": 20}, "mid": {"mib": 40}, "big": {"mib": 60}, "huge": {"mib": 45}})
-    roomy, tight = procs.workers(store, ["100Mi", "50Mi"])
+    # Admission control off: here every placement must stick (it may keep huge out otherwise).
+    roomy, tight = procs.workers(store, ["100Mi", "50Mi"], extra=["--admission-control", "off"])
     router = procs.router([roomy, tight])
 
     predict(router.url, "small")  # fits both: 80 MiB left on roomy, 30 on tight -> tight

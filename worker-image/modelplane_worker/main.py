@@ -19,7 +19,7 @@ from fastapi import FastAPI
 
 from modelplane_common import quantity
 from modelplane_common.eviction import DEFAULT_CHURN_GUARD_S, EvictionPolicy
-from modelplane_worker import api, engine
+from modelplane_worker import api, engine, memory
 from modelplane_worker.backends import Backends
 from modelplane_worker.manager import DEFAULT_MAX_QUEUE, DEFAULT_REQUEST_TIMEOUT_S
 from modelplane_worker.frameworks.base import WorkerContext
@@ -213,22 +213,25 @@ def build_app(settings: Settings, store: ModelStore | None = None) -> FastAPI:
         max_queue=settings.max_queue,
         admission_control=settings.admission_control,
     )
-    frameworks = sorted({spec.framework.value for spec in store.list()})
     return api.create_app(
         manager, metrics, backends, pod_name=settings.pod_name, max_body_bytes=settings.max_body_bytes,
-        prepare=lambda: import_frameworks(frameworks),
+        prepare=lambda: import_frameworks(store, context),
     )
 
 
-def import_frameworks(frameworks: Sequence[str]) -> None:
-    """Import and prepare the frameworks the store needs now, not during the first request (torch
-    and transformers take seconds to import). A load meanwhile waits for its framework's preparation
-    (engine.prepare). A framework that fails here fails its loads, clearly."""
-    for framework in frameworks:
+def import_frameworks(store: ModelStore, context: WorkerContext) -> None:
+    """Import and prepare the frameworks the store needs now, then the code of its models'
+    architectures, not during the first requests (torch and transformers take seconds to import,
+    a model architecture's module a second or more). A load meanwhile waits for its framework's
+    preparation (engine.prepare). A framework that fails here fails its loads, clearly."""
+    specs = store.list()
+    for framework in sorted({spec.framework.value for spec in specs}):
         try:
             engine.prepare(framework)
+            engine.worker_class(framework).prepare_models([s for s in specs if s.framework.value == framework], context)
         except Exception as exc:  # noqa: BLE001 - reported again, per model, when one loads
             log.warning("framework %s is not available: %s", framework, exc)
+    memory.freeze_imports()
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -656,24 +656,12 @@ class ModelManager:
             raise _HalfLoaded(worker, exc) from exc
 
     def _load_cost(self, model_id: str) -> float:
-        """A model's reload seconds for the cost model: its own last clean load, else the median of
-        its framework's on this pod (a load that imported code is no measure of the model)."""
+        """A model's reload seconds for the cost model: its last clean load (one that imported no
+        code). Until it has one, 0 (the cost model's floor): such a model is cheap to evict and
+        is measured again at its next load, whereas a load that paid for imports would make a
+        model look expensive for good (it would never be evicted to be measured again)."""
         stats = self._stats.get(model_id)
-        if stats is not None and stats.load_seconds is not None:
-            return stats.load_seconds
-        framework = self._framework_of(model_id)
-        known = sorted(s.load_seconds for key, s in self._stats.items()
-                       if s.load_seconds is not None and self._framework_of(key) == framework)
-        return known[len(known) // 2] if known else 0.0
-
-    def _framework_of(self, model_id: str) -> str:
-        copy = self._copies.get(model_id)
-        if copy is not None:
-            return copy.spec.framework.value
-        try:
-            return self.store.get(model_id).framework.value
-        except errors.ModelNotFound:
-            return ""
+        return stats.load_seconds if stats is not None and stats.load_seconds is not None else 0.0
 
     def _admit_loaded(self, copy: _Copy, worker: FrameworkWorker, measured: int,
                       seconds: float | None) -> errors.ModelplaneError | None:

@@ -92,6 +92,12 @@ class FrameworkWorker(abc.ABC):
         """One-time warm-up when the pod starts (heavy imports such as torch), so the first
         load does not pay for it; the pod reports ready only after it. Optional."""
 
+    @classmethod
+    def prepare_models(cls, specs: list[ModelSpec], context: WorkerContext) -> None:
+        """At pod start, after `prepare()`: import the code these particular models need (a
+        transformers architecture's module takes a second or more), so that neither their first
+        load nor the requests waiting for it pay for it. Best effort; optional."""
+
     def is_ready(self) -> bool:
         """Whether the model can serve now (the triton worker asks its sidecar)."""
         return True

@@ -8,6 +8,7 @@ hub is never asked.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import weakref
 from typing import Any
@@ -19,6 +20,8 @@ from modelplane_common.spec import Task
 from modelplane_worker import engine, memory
 from modelplane_worker.frameworks import sources, torch_common
 from modelplane_worker.frameworks.base import FrameworkWorker, TensorSpec
+
+log = logging.getLogger(__name__)
 
 TEXT_INPUT = "text"
 PROBABILITIES_OUTPUT = "probabilities"
@@ -50,6 +53,20 @@ class TransformersWorker(FrameworkWorker):
         from transformers.utils import logging as transformers_logging
 
         transformers_logging.disable_progress_bar()  # a server's log is no terminal
+
+    @classmethod
+    def prepare_models(cls, specs: list[Any], context: Any) -> None:
+        """Import each architecture's modeling module (``BertForSequenceClassification`` and the like)."""
+        from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification
+
+        for spec in specs:
+            try:
+                config = AutoConfig.from_pretrained(str(sources.resolve(spec.source, context.source_roots)),
+                                                    local_files_only=True)
+                auto = AutoModelForSequenceClassification if Task(spec.task) == Task.TEXT_CLASSIFICATION else AutoModel
+                auto._model_mapping[type(config)]  # the lazy mapping imports the class's module
+            except Exception as exc:  # noqa: BLE001 - the model's own load reports what is wrong with it
+                log.info("could not prepare %s: %s", spec.id, exc)
 
     @classmethod
     def declared_tensors(cls, spec: Any, context: Any) -> tuple[list[TensorSpec], list[TensorSpec]]:

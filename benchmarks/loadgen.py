@@ -107,3 +107,22 @@ def server_timing(header: str) -> dict[str, float]:
             if param.startswith("dur="):
                 result[name] = float(param[4:]) / 1000
     return result
+
+
+def main() -> None:
+    """`python benchmarks/loadgen.py URL --concurrency C --trace m1,m2,...`: replay a trace and print its summary
+    (a flood from a process of its own, so that it does not share a GIL with what measures)."""
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("url")
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--trace", required=True, help="comma-separated model ids, in order")
+    args = parser.parse_args()
+    result = asyncio.run(replay(args.url, args.trace.split(","), args.concurrency))
+    print(json.dumps(result.summary()))
+
+
+if __name__ == "__main__":
+    main()

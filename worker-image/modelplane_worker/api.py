@@ -65,6 +65,7 @@ def create_app(
     pinned_check_s: float = 5.0,
     prepare: Callable[[], None] | None = None,
     backend_sync_s: float = 1.0,
+    inference_threads: int | None = None,
 ) -> FastAPI:
     """A worker app around an assembled manager; it owns their lifetime from start-up to shutdown.
 
@@ -73,7 +74,7 @@ def create_app(
     Every `backend_sync_s`, what each backend (the Triton sidecar) holds is compared with
     the table (a restarted sidecar comes back empty; see backends).
     """
-    dataplane = DataPlane(manager, metrics, backends)
+    dataplane = DataPlane(manager, metrics, backends, inference_threads)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -90,6 +91,7 @@ def create_app(
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)
             await manager.close()
+            dataplane.close()
             await backends.aclose()
 
     app = FastAPI(title="modelplane worker", version=SERVER_VERSION, lifespan=lifespan)

@@ -49,6 +49,7 @@ class Settings:
     request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
     max_queue: int = DEFAULT_MAX_QUEUE
     admission_control: bool = True
+    inference_threads: int | None = None  # None: one per available core
     log_level: str = "info"
 
 
@@ -70,6 +71,7 @@ ENVIRONMENT = {
     "request_timeout_s": "MODELPLANE_REQUEST_TIMEOUT_S",
     "max_queue": "MODELPLANE_MAX_QUEUE",
     "admission_control": "MODELPLANE_ADMISSION_CONTROL",
+    "inference_threads": "MODELPLANE_INFERENCE_THREADS",
     "log_level": "MODELPLANE_LOG_LEVEL",
 }
 
@@ -113,6 +115,10 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         "--admission-control", default=default("admission_control", "on"), choices=["on", "off"],
         help="on: a requested model worth less than what it would displace serves its requests and is unloaded again",
     )
+    parser.add_argument(
+        "--inference-threads", type=int, default=default("inference_threads"),
+        help="inferences run at once (default: one per available core; more only contend for the GIL)",
+    )
     parser.add_argument("--log-level", default=default("log_level", "info"))
     return parser
 
@@ -129,6 +135,8 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
         parser.error(f"--request-timeout-s must be positive, got {args.request_timeout_s}")
     if int(args.max_queue) < 0:
         parser.error(f"--max-queue must not be negative, got {args.max_queue}")
+    if args.inference_threads not in (None, "") and int(args.inference_threads) < 1:
+        parser.error(f"--inference-threads must be at least 1, got {args.inference_threads}")
     try:
         return Settings(
             model_store=Path(args.model_store),
@@ -147,6 +155,7 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
             request_timeout_s=float(args.request_timeout_s),
             max_queue=int(args.max_queue),
             admission_control=args.admission_control == "on",
+            inference_threads=int(args.inference_threads) if args.inference_threads not in (None, "") else None,
             log_level=args.log_level,
         )
     except ValueError as exc:
@@ -215,7 +224,7 @@ def build_app(settings: Settings, store: ModelStore | None = None) -> FastAPI:
     )
     return api.create_app(
         manager, metrics, backends, pod_name=settings.pod_name, max_body_bytes=settings.max_body_bytes,
-        prepare=lambda: import_frameworks(store, context),
+        prepare=lambda: import_frameworks(store, context), inference_threads=settings.inference_threads,
     )
 
 

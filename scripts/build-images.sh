@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# Builds modelplane's three images with a running Docker engine:
+#   modelplane-operator:$TAG  (Dockerfile.operator; the router runs from it too)
+#   modelplane-worker:$TAG    (Dockerfile.worker)
+#   modelplane-triton-cpu:$TAG (Dockerfile.triton-cpu: the CPU Triton sidecar)
+# Wheels come from pip's cache: each image's requirement set is downloaded once per
+# machine into ~/.cache/modelplane/wheels/<pyproject hash>/<image> (pip reads its
+# HTTP cache; only index pages go out) and hard-linked into wheelhouse/ for that
+# build, which then installs with PIP_NO_INDEX=1. Where no registry answers
+# (MODELPLANE_LOCAL_BASE=1, the default on machines without CAP_SYS_RESOURCE) the
+# base is scripts/base-images.sh's modelplane-base/python; elsewhere the official
+# python:3.11-slim and debian:bookworm-slim. Prints each build's time and size.
+#   scripts/build-images.sh [TAG] (default e2e)
+#   scripts/build-images.sh --wheels-only   (gather the wheels, build nothing)
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$ROOT"
+WHEELS_ONLY=0
+[ "${1:-}" = "--wheels-only" ] && { WHEELS_ONLY=1; shift; }
+TAG="${1:-e2e}"
+CACHE="${MODELPLANE_CACHE:-$HOME/.cache/modelplane}"
+PIP=.venv/bin/pip
+PYTHON=.venv/bin/python
+
+if [ $WHEELS_ONLY = 1 ]; then :
+elif [ -z "${MODELPLANE_LOCAL_BASE:-}" ]; then
+  # CAP_SYS_RESOURCE is bit 24 of the bounding set: without it this is a machine of the
+  # project's workplace, where no registry answers.
+  if (( (16#$(awk '/^CapBnd/ {print $2}' /proc/self/status) >> 24) & 1 )); then MODELPLANE_LOCAL_BASE=0; else MODELPLANE_LOCAL_BASE=1; fi
+fi
+if [ $WHEELS_ONLY = 1 ]; then :
+elif [ "$MODELPLANE_LOCAL_BASE" = 1 ]; then
+  scripts/base-images.sh
+  PYTHON_BASE=modelplane-base/python:bookworm
+  DEBIAN_BASE=modelplane-base/python:bookworm
+else
+  PYTHON_BASE=python:3.11-slim
+  DEBIAN_BASE=debian:bookworm-slim
+fi
+
+key=$(cat pyproject.toml | sha1sum | cut -c1-12)
+WHEELS="$CACHE/wheels/$key"
+
+# requirements EXTRAS: the project's dependencies plus those of the given extras.
+requirements() {
+  "$PYTHON" -c "import sys, tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
+print('\n'.join(p['dependencies'] + [r for e in sys.argv[1].split(',') for r in p['optional-dependencies'][e]]))" "$1"
+}
+
+# wheels NAME EXTRAS [EXTRA_REQUIREMENT...]: the wheel set of one image, downloaded once.
+wheels() {
+  local name=$1 extras=$2; shift 2
+  local dir="$WHEELS/$name"
+  [ -f "$dir/.complete" ] && return 0
+  mkdir -p "$dir"
+  local reqs="$dir/requirements.txt"
+  { if [ -n "$extras" ]; then requirements "$extras"; fi; printf '%s\n' "$@"; } > "$reqs"
+  echo "build-images: gathering $name wheels (from pip's cache)"
+  "$PIP" download -q --only-binary=:all: -d "$dir" -r "$reqs"
+  touch "$dir/.complete"
+}
+
+# stage NAME: wheelhouse/ holds exactly the image's wheels (hard links, copies across devices).
+stage() {
+  find wheelhouse -mindepth 1 ! -name README.md -delete
+  cp -l "$WHEELS/$1"/*.whl wheelhouse/ 2>/dev/null || cp "$WHEELS/$1"/*.whl wheelhouse/
+}
+
+# build IMAGE DOCKERFILE BASE: docker build with the staged wheels, no index; report time and size.
+build() {
+  local image=$1 dockerfile=$2 base=$3 start=$SECONDS
+  echo "build-images: building $image from $dockerfile (base $base)"
+  docker build -q -f "$dockerfile" --build-arg BASE_IMAGE="$base" --build-arg PIP_NO_INDEX=1 -t "$image" . >/dev/null
+  local size; size=$(docker image inspect -f '{{.Size}}' "$image")
+  echo "build-images: $image built in $((SECONDS - start)) s, $((size / 1000000)) MB"
+}
+
+wheels operator operator,router "setuptools>=68" wheel
+wheels worker worker "setuptools>=68" wheel
+wheels triton-cpu "" nvidia-pytriton==0.7.0
+[ $WHEELS_ONLY = 1 ] && exit 0
+
+trap 'find wheelhouse -mindepth 1 ! -name README.md -delete' EXIT
+stage operator && build "modelplane-operator:$TAG" Dockerfile.operator "$PYTHON_BASE"
+stage triton-cpu && build "modelplane-triton-cpu:$TAG" Dockerfile.triton-cpu "$DEBIAN_BASE"
+stage worker && build "modelplane-worker:$TAG" Dockerfile.worker "$PYTHON_BASE"

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from typing import Any, Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from modelplane_common import quantity
 
@@ -45,6 +45,17 @@ class OperatorConfig(BaseModel):
     @classmethod
     def _parse_budget(cls, value: Any) -> int:
         return quantity.parse_bytes(value)
+
+    @model_validator(mode="after")
+    def _budget_fits_the_container(self) -> "OperatorConfig":
+        """On CPU pods the models live in the worker container's memory: a budget that is not
+        below its memory limit would have the kernel OOM-kill the worker before eviction starts."""
+        if self.gpus_per_pod == 0 and self.pod_memory_budget >= quantity.parse_bytes(self.worker_memory):
+            raise ValueError(
+                f"workers.memoryBudget ({quantity.format_bytes(self.pod_memory_budget)}) must be below "
+                f"workers.resources.worker.memory ({self.worker_memory}), the worker container's memory "
+                "limit, on CPU worker pods (gpusPerPod: 0): models are held in that container's memory")
+        return self
 
     @field_validator("model_claims", mode="before")
     @classmethod

@@ -38,6 +38,8 @@ class OperatorConfig(BaseModel):
     worker_service_account: str = Field("", description="worker pods' ServiceAccount; empty: the namespace default")
     model_claims: tuple[str, ...] = Field((), description="PVCs mounted read-only into worker pods for pvc:// sources")
     router_url: str = ""
+    owner_deployment: str = Field("", description="the operator's own Deployment, made owner of the pool "
+                                  "and the model store so that uninstalling the chart removes them")
     status_interval_s: float = Field(15.0, gt=0)
     startup_probe_failure_threshold: int = Field(120, ge=1, description="x 5 s: slow first loads")
 

@@ -90,6 +90,11 @@ class Kube:
                 return None
             raise
 
+    def owner_reference(self, namespace: str, deployment: str) -> dict[str, Any]:
+        """An ownerReference to a Deployment: what it owns is garbage-collected when it goes."""
+        found = self._apps.read_namespaced_deployment(deployment, namespace)
+        return {"apiVersion": "apps/v1", "kind": "Deployment", "name": deployment, "uid": found.metadata.uid}
+
     def delete_deployment(self, namespace: str, name: str) -> bool:
         """Delete if present; False when there was nothing to delete."""
         try:

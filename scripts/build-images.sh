@@ -66,12 +66,25 @@ stage() {
   cp -l "$WHEELS/$1"/*.whl wheelhouse/ 2>/dev/null || cp "$WHEELS/$1"/*.whl wheelhouse/
 }
 
-# build IMAGE DOCKERFILE BASE: docker build with the staged wheels, no index; report time and size.
+# build IMAGE DOCKERFILE BASE WHEELS: docker build with the staged wheels, no index; report time and
+# size. Skipped when the image already carries the hash of its inputs (Dockerfile, sources, wheels,
+# base); after a build the build stage (label modelplane.stage=build, ~9 GB for the worker) is
+# pruned, since a changed input rebuilds from the wheels anyway.
 build() {
-  local image=$1 dockerfile=$2 base=$3 start=$SECONDS
+  local image=$1 dockerfile=$2 base=$3 wheels=$4 start=$SECONDS key size
+  key=$( { docker image inspect -f '{{.Id}}' "$base" 2>/dev/null || echo "$base"; cat "$dockerfile" pyproject.toml README.md;
+           find common operator router worker-image -name '*.py' -o -name '*.json' | sort | xargs cat;
+           ls "$WHEELS/$wheels"; } | sha1sum | cut -c1-12)
+  if [ "$(docker image inspect -f '{{ index .Config.Labels "modelplane.inputs" }}' "$image" 2>/dev/null)" = "$key" ]; then
+    echo "build-images: $image is up to date"
+    return 0
+  fi
+  stage "$wheels"
   echo "build-images: building $image from $dockerfile (base $base)"
-  docker build -q -f "$dockerfile" --build-arg BASE_IMAGE="$base" --build-arg PIP_NO_INDEX=1 -t "$image" . >/dev/null
-  local size; size=$(docker image inspect -f '{{.Size}}' "$image")
+  docker build -q -f "$dockerfile" --build-arg BASE_IMAGE="$base" --build-arg PIP_NO_INDEX=1 \
+    --label modelplane.inputs="$key" -t "$image" . >/dev/null
+  docker image prune -f --filter label=modelplane.stage=build >/dev/null
+  size=$(docker image inspect -f '{{.Size}}' "$image")
   echo "build-images: $image built in $((SECONDS - start)) s, $((size / 1000000)) MB"
 }
 
@@ -81,6 +94,6 @@ wheels triton-cpu "" nvidia-pytriton==0.7.0
 [ $WHEELS_ONLY = 1 ] && exit 0
 
 trap 'find wheelhouse -mindepth 1 ! -name README.md -delete' EXIT
-stage operator && build "modelplane-operator:$TAG" Dockerfile.operator "$PYTHON_BASE"
-stage triton-cpu && build "modelplane-triton-cpu:$TAG" Dockerfile.triton-cpu "$DEBIAN_BASE"
-stage worker && build "modelplane-worker:$TAG" Dockerfile.worker "$PYTHON_BASE"
+build "modelplane-operator:$TAG" Dockerfile.operator "$PYTHON_BASE" operator
+build "modelplane-triton-cpu:$TAG" Dockerfile.triton-cpu "$DEBIAN_BASE" triton-cpu
+build "modelplane-worker:$TAG" Dockerfile.worker "$PYTHON_BASE" worker

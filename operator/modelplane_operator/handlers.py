@@ -68,7 +68,11 @@ def ensure_pool(kube_api: kube.Kube, config: OperatorConfig, logger: logging.Log
     """
     owners = owners or []
     specs = _accepted_specs(kube_api, config)
-    kube_api.apply_configmap(workloads.build_model_store_configmap(specs, config, owners))
+    version = kube_api.apply_configmap(workloads.build_model_store_configmap(specs, config, owners))
+    # The kubelet refreshes a ConfigMap volume on its periodic pod sync (up to a minute and
+    # more); a changed pod makes it sync that pod now, so a new ServedModel reaches the pods'
+    # mounted model store in seconds.
+    kube_api.annotate_pods(config.namespace, labels.WORKER_SELECTOR, {workloads.STORE_VERSION: version})
     replicas = pool.desired_pool_size(specs, config)
     before = kube_api.deployment_version(config.namespace, config.pool_name)
     after = kube_api.apply_deployment(workloads.build_pool_deployment(config, replicas, owners))

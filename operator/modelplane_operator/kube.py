@@ -110,6 +110,21 @@ class Kube:
             spec_module.GROUP, spec_module.VERSION, namespace, spec_module.PLURAL)
         return list(listing.get("items", []))
 
+    def annotate_pods(self, namespace: str, selector: str, annotations: dict[str, str]) -> int:
+        """Set these annotations on every pod of the selector that lacks them; returns how many changed."""
+        changed = 0
+        for pod in self._core.list_namespaced_pod(namespace, label_selector=selector).items:
+            current = pod.metadata.annotations or {}
+            if pod.metadata.deletion_timestamp is None and any(current.get(k) != v for k, v in annotations.items()):
+                try:
+                    self._core.patch_namespaced_pod(pod.metadata.name, namespace,
+                                                    {"metadata": {"annotations": annotations}})
+                    changed += 1
+                except ApiException as exc:
+                    if exc.status != 404:  # a pod gone meanwhile needs nothing
+                        raise
+        return changed
+
     def worker_pods(self, namespace: str, selector: str) -> list[WorkerPod]:
         pods = self._core.list_namespaced_pod(namespace, label_selector=selector).items
         return [_to_worker_pod(p) for p in pods if p.metadata.deletion_timestamp is None]

@@ -31,6 +31,8 @@ TRITON_METRICS_PORT = 8002
 RUN_AS_USER = 1000
 MANAGER = "modelplane-operator"
 SPEC_HASH = "modelplane.io/spec-hash"
+# On worker pods: the model-store ConfigMap's resourceVersion they were last told of.
+STORE_VERSION = "modelplane.io/model-store-version"
 
 
 def dedicated_name(model: str) -> str:

@@ -53,8 +53,14 @@ def status_copies(kube: Kube, model: str) -> set[str]:
     return {c["pod"] for c in copies if str(c.get("state", "")).lower() in ("loaded", "ready")}
 
 
-def predict_ok(platform: Platform, model: str, settle_s: float = 60.0) -> httpx.Response:
-    """The first request may race the router learning of a new ServedModel (404): retry those only."""
+# A new shared-pool ServedModel reaches the pool's pods through the model-store ConfigMap
+# volume, which the kubelet refreshes on its periodic pod sync (syncFrequency, 1 min by
+# default, plus its cache): up to about 90 s after `kubectl apply` (docs/e2e.md).
+CATALOG_PROPAGATION_S = 150.0
+
+
+def predict_ok(platform: Platform, model: str, settle_s: float = CATALOG_PROPAGATION_S) -> httpx.Response:
+    """The first request may race the pods learning of a new ServedModel (404): retry those only."""
     def attempt() -> httpx.Response | None:
         answer = predict(platform.router_url, model)
         return None if answer.status_code == 404 else answer

@@ -11,14 +11,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 NODE_SRC="$ROOT/e2e/kind/node"
 
-KIND_VERSION="${KIND_VERSION:-v0.33.0}"
-CONTAINERD_VERSION="${CONTAINERD_VERSION:-v2.4.2}"
-CRICTL_VERSION="${CRICTL_VERSION:-v1.37.0}"
-ETCD_VERSION="${ETCD_VERSION:-v3.6.8}"
-COREDNS_VERSION="${COREDNS_VERSION:-v1.14.2}"
-KUBE_ROUTER_VERSION="${KUBE_ROUTER_VERSION:-v2.1.0}"
-CACHE="${MODELPLANE_CACHE:-$HOME/.cache/modelplane}"
-TOOLS="$CACHE/tools"
+. "$ROOT/scripts/kind-versions.sh"
 command -v go >/dev/null || { echo "install-kind: needs the Go toolchain (go >= 1.26) on PATH" >&2; exit 1; }
 
 step() { echo "install-kind: $*"; }

@@ -9,16 +9,7 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 NODE_SRC="$ROOT/e2e/kind/node"
-K8S_VERSION="${K8S_VERSION:-v1.36.3}"
-KIND_VERSION="${KIND_VERSION:-v0.33.0}"
-ETCD_VERSION="${ETCD_VERSION:-v3.6.8}"
-COREDNS_VERSION="${COREDNS_VERSION:-v1.14.2}"
-KUBE_ROUTER_VERSION="${KUBE_ROUTER_VERSION:-v2.1.0}"
-CONTAINERD_VERSION="${CONTAINERD_VERSION:-v2.4.2}"
-CRICTL_VERSION="${CRICTL_VERSION:-v1.37.0}"
-PAUSE_VERSION=3.10.2
-CACHE="${MODELPLANE_CACHE:-$HOME/.cache/modelplane}"
-TOOLS="$CACHE/tools"
+. "$ROOT/scripts/kind-versions.sh"
 K8S_BIN="$CACHE/k8s-$K8S_VERSION/bin"
 NODE_BASE=modelplane-base/node:bookworm
 REPO=modelplane.local

@@ -111,6 +111,10 @@ def stop(pid: int, timeout_s: float = 60) -> None:
     with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)
     (STATE / "started-by-modelplane.pid").unlink(missing_ok=True)
+    # dockerd's parent cgroup in each hierarchy outlives it; an empty one goes with it.
+    for group in Path("/sys/fs/cgroup").glob("*/docker"):
+        with contextlib.suppress(OSError):
+            group.rmdir()
 
 
 @contextlib.contextmanager

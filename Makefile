@@ -25,11 +25,11 @@ run: install
 # (CI=true) a kind tier that cannot run is an error, not a skip.
 test: install install-k8s install-kind
 	.venv/bin/pytest -q tests
-	MODELPLANE_KIND_REQUIRED=$(if $(CI),1,0) .venv/bin/pytest -q e2e/kind -rs
+	MODELPLANE_KIND_REQUIRED=$(if $(CI),1,0) .venv/bin/pytest -q e2e/kind -rs --durations=20
 
 # The kind tier alone: real images, kubelets and Services, the chart, the scenarios (docs/e2e.md).
 e2e: install install-k8s install-kind
-	MODELPLANE_KIND_REQUIRED=$(if $(CI),1,0) .venv/bin/pytest -q e2e/kind -rs
+	MODELPLANE_KIND_REQUIRED=$(if $(CI),1,0) .venv/bin/pytest -q e2e/kind -rs --durations=20
 
 bench: install
 	.venv/bin/python benchmarks/run_all.py

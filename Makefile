@@ -1,5 +1,5 @@
 # The README's two commands are `make run` and `make test`; both install first.
-.PHONY: install install-k8s run test e2e e2e-kind bench clean
+.PHONY: install install-k8s install-kind images run test e2e bench clean
 
 install:
 	scripts/install.sh
@@ -7,21 +7,29 @@ install:
 install-k8s:
 	scripts/install-k8s.sh
 
+# The kind tier's tools: Debian's docker.io and debootstrap where missing, the node's
+# Kubernetes binaries, kind, containerd, CoreDNS, kube-router... (cached per version).
+install-kind: install-k8s
+	scripts/install-docker.sh
+	scripts/install-k8s.sh --node
+	scripts/install-kind.sh
+
+# modelplane's images (needs a running Docker engine; the kind tier starts one itself).
+images: install
+	scripts/build-images.sh
+
 run: install
 	.venv/bin/python scripts/local_stack.py
 
-# Unit and integration suites, then the local e2e tier (also what .ci/run runs).
-test: install install-k8s
+# Unit and integration suites, then the kind tier (also what .ci/run runs). In CI
+# (CI=true) a kind tier that cannot run is an error, not a skip.
+test: install install-k8s install-kind
 	.venv/bin/pytest -q tests
-	.venv/bin/pytest -q e2e/local -rs
+	MODELPLANE_KIND_REQUIRED=$(if $(CI),1,0) .venv/bin/pytest -q e2e/kind -rs --durations=20
 
-# The local e2e tier: real control plane + node agent, the chart, the scenarios (docs/e2e.md).
-e2e: install install-k8s
-	.venv/bin/pytest -q e2e/local -rs
-
-# The kind e2e tier for Docker hosts; skips with a clear message elsewhere (e2e/kind/README.md).
-e2e-kind: install install-k8s
-	.venv/bin/pytest -q e2e/kind -rs
+# The kind tier alone: real images, kubelets and Services, the chart, the scenarios (docs/e2e.md).
+e2e: install install-k8s install-kind
+	MODELPLANE_KIND_REQUIRED=$(if $(CI),1,0) .venv/bin/pytest -q e2e/kind -rs --durations=20
 
 bench: install
 	.venv/bin/python benchmarks/run_all.py

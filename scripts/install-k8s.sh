@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Builds a real Kubernetes control plane (kube-apiserver, kube-controller-manager,
 # kube-scheduler) and helm from the Go module proxy, once per machine.
+# `install-k8s.sh --node` also builds the node binaries (kubelet, kubeadm, kubectl,
+# kube-proxy) from the same wrapper module, for the kind tier's node image.
 # No registry ships these binaries, so we compile them; the outputs are cached
 # outside the repository keyed by version and never committed.
 set -euo pipefail
@@ -11,6 +13,8 @@ CACHE="${MODELPLANE_CACHE:-$HOME/.cache/modelplane}"
 BIN="$CACHE/k8s-$K8S_VERSION/bin"
 BUILD="$CACHE/k8s-build-$K8S_VERSION"
 COMPONENTS=(kube-apiserver kube-controller-manager kube-scheduler)
+NODE_COMPONENTS=(kubelet kubeadm kubectl kube-proxy)
+[ "${1:-}" = "--node" ] && COMPONENTS+=("${NODE_COMPONENTS[@]}")
 
 mkdir -p "$BIN" "$BUILD"
 command -v go >/dev/null || { echo "install-k8s: needs the Go toolchain (go >= 1.26) on PATH" >&2; exit 1; }
@@ -44,6 +48,10 @@ import (
 	_ "k8s.io/kubernetes/cmd/kube-apiserver/app"
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager/app"
 	_ "k8s.io/kubernetes/cmd/kube-scheduler/app"
+	_ "k8s.io/kubernetes/cmd/kubeadm/app"
+	_ "k8s.io/kubernetes/cmd/kubelet/app"
+	_ "k8s.io/kubernetes/cmd/kube-proxy/app"
+	_ "k8s.io/kubectl/pkg/cmd"
 )
 GO
   GOFLAGS=-mod=mod go mod tidy -e >/dev/null 2>&1 || true

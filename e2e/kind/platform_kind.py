@@ -1,15 +1,12 @@
-"""The whole platform on a kind cluster: real images, real kubelets, the chart.
+"""modelplane on the kind cluster: installed with helm, reached through kubectl port-forward.
 
-Creates the cluster (kind-config.yaml, the sample models mounted on each
-node), builds the images from Dockerfile.operator and Dockerfile.worker, loads
-them into kind, installs the chart (``helm template`` with e2e/kind/values.yaml,
-then ``kubectl apply``) and reaches the router and workers through
-``kubectl port-forward``. Every process it starts is stopped by pid.
+The chart goes in as a user installs it (``helm upgrade --install`` with
+e2e/kind/values.yaml and ``--set-string`` overrides); the router and the worker
+pods are reached through ``kubectl port-forward``, containers are killed with
+``kubectl exec``. Every port-forward it starts is stopped by pid.
 """
 from __future__ import annotations
 
-import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -17,86 +14,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cluster import NODE_MODELS_DIR, KindCluster, run, tool
 from modelplane_testing.processes import free_port
-from scenarios.chart import RELEASE, REPO, ChartInstall, helm_template_argv
+from scenarios.chart import CHART, RELEASE
 from scenarios.platform import Kube, is_true, models_volume, wait_for
 
 HERE = Path(__file__).resolve().parent
 VALUES = HERE / "values.yaml"
-CLUSTER = os.environ.get("MODELPLANE_KIND_CLUSTER", "modelplane-e2e")
 NAMESPACE = "modelplane"
-# The router runs from the control-plane image (Dockerfile.operator) with its own command.
-IMAGES = {"modelplane-operator:e2e": "Dockerfile.operator", "modelplane-worker:e2e": "Dockerfile.worker"}
-NODE_MODELS_DIR = "/models-src"
-
-
-def tool(name: str) -> str | None:
-    """A tool on PATH, else the venv's (kubectl) or install-k8s.sh's cache (helm)."""
-    found = shutil.which(name)
-    if found:
-        return found
-    for candidate in (REPO / ".venv" / "bin" / name,
-                      *sorted(Path.home().glob(f".cache/modelplane/k8s-*/bin/{name}"))):
-        if candidate.is_file() and os.access(candidate, os.X_OK):
-            return str(candidate)
-    return None
-
-
-def why_not_runnable() -> str | None:
-    """None where the kind tier can run; otherwise what is missing, for the skip message."""
-    missing = [name for name in ("docker", "kind", "kubectl", "helm") if tool(name) is None]
-    if missing:
-        return f"kind e2e tier skipped: {', '.join(missing)} not found (see e2e/kind/README.md)"
-    probe = subprocess.run([tool("docker"), "info", "--format", "{{.ServerVersion}}"], capture_output=True, text=True)
-    if probe.returncode != 0:
-        reason = (probe.stderr.strip().splitlines() or ["no answer"])[-1]
-        return f"kind e2e tier skipped: no Docker engine answers `docker info` ({reason}); see e2e/kind/README.md"
-    return None
-
-
-def run(*argv: str, timeout: float = 1800, input: str | None = None) -> str:
-    done = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, input=input)
-    if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
-    return done.stdout
 
 
 @dataclass
-class KindCluster:
-    """kubectl against the kind cluster's kubeconfig (the Kubectl interface of scenarios.platform)."""
-
-    kubeconfig: Path
-
-    def kubectl(self, *args: str, input: str | None = None, check: bool = True,
-                timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        done = subprocess.run([tool("kubectl"), "--kubeconfig", str(self.kubeconfig), *args], input=input,
-                              capture_output=True, text=True, timeout=timeout)
-        if check and done.returncode != 0:
-            raise RuntimeError(f"kubectl {' '.join(args)} failed ({done.returncode}): {done.stderr.strip()}")
-        return done
-
-
-def create_cluster(workdir: Path, models_dir: Path) -> KindCluster:
-    config = workdir / "kind-config.yaml"
-    config.write_text((HERE / "kind-config.yaml").read_text().replace("${MODELS_DIR}", str(models_dir)))
-    kubeconfig = workdir / "kubeconfig"
-    run(tool("kind"), "create", "cluster", "--name", CLUSTER, "--config", str(config),
-        "--kubeconfig", str(kubeconfig), "--wait", "180s", timeout=600)
-    return KindCluster(kubeconfig)
-
-
-def delete_cluster() -> None:
-    subprocess.run([tool("kind"), "delete", "cluster", "--name", CLUSTER], capture_output=True, timeout=300)
-
-
-def build_and_load_images() -> None:
-    for tag, dockerfile in IMAGES.items():
-        run(tool("docker"), "build", "-f", str(REPO / dockerfile), "-t", tag, str(REPO), timeout=3600)
-        run(tool("kind"), "load", "docker-image", tag, "--name", CLUSTER, timeout=900)
-
-
-@dataclass
-class KindPlatform(ChartInstall):
+class KindPlatform:
     cluster: KindCluster
     namespace: str = NAMESPACE
     overrides: dict[str, Any] = field(default_factory=dict)
@@ -110,12 +39,28 @@ class KindPlatform(ChartInstall):
     def kube(self) -> Kube:
         return Kube(self.cluster, self.namespace)
 
+    def helm(self, *args: str, timeout: float = 300) -> str:
+        return run(tool("helm") or "helm", "--kubeconfig", str(self.cluster.kubeconfig), "--namespace",
+                   self.namespace, *args, timeout=timeout)
+
     def prepare(self) -> None:
+        """The namespace and the sample models' PersistentVolume + claim (a hostPath on every node)."""
         self.cluster.kubectl("create", "namespace", self.namespace, check=False)
         self.cluster.kubectl("apply", "-f", "-", input=models_volume(Path(NODE_MODELS_DIR), self.namespace))
 
-    def rendered_manifest(self) -> str:
-        return run(*helm_template_argv(tool("helm") or "helm", self.namespace, VALUES, self.overrides), timeout=120)
+    def install(self, **overrides: Any) -> None:
+        """helm upgrade --install with the tier's values plus these overrides (added to the earlier ones)."""
+        self.overrides.update(overrides)
+        argv = ["upgrade", "--install", RELEASE, str(CHART), "-f", str(VALUES)]
+        for key, value in self.overrides.items():
+            argv += ["--set-string", f"{key}={value}"]
+        self.helm(*argv)
+
+    def set_pool_size(self, pods: int) -> None:
+        self.install(**{"workers.pool.minPods": pods})
+
+    def set_memory_budget(self, budget_bytes: int) -> None:
+        self.install(**{"workers.memoryBudget": budget_bytes})
 
     def wait_installed(self, timeout: float = 600) -> None:
         for component in ("operator", "router"):
@@ -129,8 +74,8 @@ class KindPlatform(ChartInstall):
         if running and running[0].poll() is None:
             return f"http://127.0.0.1:{running[1]}"
         port = free_port()
-        process = subprocess.Popen([tool("kubectl"), "--kubeconfig", str(self.cluster.kubeconfig), "-n", self.namespace,
-                                    "port-forward", target, f"{port}:{remote_port}"],
+        process = subprocess.Popen([tool("kubectl") or "kubectl", "--kubeconfig", str(self.cluster.kubeconfig), "-n",
+                                    self.namespace, "port-forward", target, f"{port}:{remote_port}"],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self._forwards[target] = (process, port)
 
@@ -143,6 +88,7 @@ class KindPlatform(ChartInstall):
 
     @property
     def router_url(self) -> str:
+        """The router Service through port-forward (kubectl picks one ready pod behind it)."""
         return self._forward(f"svc/{RELEASE}-router", 80)
 
     def worker_url(self, pod: str) -> str:
@@ -176,4 +122,3 @@ def dump(cluster: KindCluster, namespace: str) -> str:
             done = cluster.kubectl("logs", "-n", namespace, pod, "--all-containers", "--tail=80", *previous, check=False)
             parts.append(f"$ kubectl logs {pod} {' '.join(previous)}\n{done.stdout[-4000:]}")
     return "\n\n".join(parts)
-

@@ -1,1 +1,1 @@
-"""The e2e scenarios both tiers run (e2e/local and e2e/kind), written against a small Platform interface."""
+"""The e2e scenarios the kind tier runs (e2e/kind), written against a small Platform interface."""

@@ -1,7 +1,6 @@
-"""What a scenario needs from a tier: kubectl, the router's URL, a worker's HTTP API, and a way to kill a container.
+"""What a scenario needs from the platform: kubectl, the router's URL, a worker's HTTP API, a way to kill a container.
 
-e2e/local implements it with the node agent (pod IPs are loopback addresses,
-containers are local processes); e2e/kind with kubectl (port-forward, exec).
+e2e/kind implements it with a kind cluster and kubectl (port-forward, exec).
 Everything else a scenario does goes through kubectl and HTTP, as a user would.
 """
 from __future__ import annotations

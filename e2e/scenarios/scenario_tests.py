@@ -1,10 +1,10 @@
-"""The issue's scenarios as pytest tests, collected by each tier that star-imports this module.
+"""The issue's scenarios as pytest tests, collected where this module is star-imported.
 
-e2e/local/test_platform_scenarios.py and e2e/kind/test_platform_scenarios.py
-do ``from scenarios.scenario_tests import *``: pytest then runs these tests in
-that tier, on the tier's ``platform`` and ``sm_kube`` fixtures. A new scenario
-is one function in served_models.py and one test here. They run in this
-order on one platform (see served_models.py for why the order matters).
+e2e/kind/test_platform_scenarios.py does ``from scenarios.scenario_tests import *``:
+pytest then runs these tests on the kind tier's ``platform`` and ``sm_kube``
+fixtures. A new scenario is one function in served_models.py and one test here.
+They run in this order on one platform (see served_models.py for why the order
+matters).
 """
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ import enum
 import os
 from typing import Any, Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from modelplane_common import quantity
 
@@ -53,6 +53,8 @@ class OperatorConfig(BaseModel):
     worker_service_account: str = Field("", description="worker pods' ServiceAccount; empty: the namespace default")
     model_claims: tuple[str, ...] = Field((), description="PVCs mounted read-only into worker pods for pvc:// sources")
     router_url: str = ""
+    owner_deployment: str = Field("", description="the operator's own Deployment, made owner of the pool "
+                                  "and the model store so that uninstalling the chart removes them")
     status_interval_s: float = Field(15.0, gt=0)
     startup_probe_failure_threshold: int = Field(120, ge=1, description="x 5 s: slow first loads")
 
@@ -60,6 +62,18 @@ class OperatorConfig(BaseModel):
     @classmethod
     def _parse_budget(cls, value: Any) -> int:
         return quantity.parse_bytes(value)
+
+    @model_validator(mode="after")
+    def _budget_fits_the_container(self) -> "OperatorConfig":
+        """On CPU pods the models live in the worker container's memory: a budget that is not
+        below its memory limit would have the kernel OOM-kill the worker before eviction starts."""
+        cpu_pods = self.gpu_mode is GpuMode.NONE or self.gpus_per_pod == 0
+        if cpu_pods and self.pod_memory_budget >= quantity.parse_bytes(self.worker_memory):
+            raise ValueError(
+                f"workers.memoryBudget ({quantity.format_bytes(self.pod_memory_budget)}) must be below "
+                f"workers.resources.worker.memory ({self.worker_memory}), the worker container's memory "
+                "limit, on CPU worker pods (workers.gpu.mode: none): models are held in that container's memory")
+        return self
 
     @field_validator("model_claims", mode="before")
     @classmethod

@@ -59,16 +59,23 @@ def _accepted_specs(kube_api: kube.Kube, config: OperatorConfig) -> list[ModelSp
     return specs
 
 
-def ensure_pool(kube_api: kube.Kube, config: OperatorConfig, logger: logging.Logger | logging.LoggerAdapter) -> int:
+def ensure_pool(kube_api: kube.Kube, config: OperatorConfig, logger: logging.Logger | logging.LoggerAdapter,
+                owners: list[dict[str, Any]] | None = None) -> int:
     """Publish the model store every worker reads, then size the shared pool; returns its replicas.
 
-    The store comes first so a new dedicated pod finds its pinned model in it.
+    The store comes first so a new dedicated pod finds its pinned model in it. Both are
+    owned by `owners` (the operator's Deployment, where the chart names it).
     """
+    owners = owners or []
     specs = _accepted_specs(kube_api, config)
-    kube_api.apply_configmap(workloads.build_model_store_configmap(specs, config))
+    version = kube_api.apply_configmap(workloads.build_model_store_configmap(specs, config, owners))
+    # The kubelet refreshes a ConfigMap volume on its periodic pod sync (up to a minute and
+    # more); a changed pod makes it sync that pod now, so a new ServedModel reaches the pods'
+    # mounted model store in seconds.
+    kube_api.annotate_pods(config.namespace, labels.WORKER_SELECTOR, {workloads.STORE_VERSION: version})
     replicas = pool.desired_pool_size(specs, config)
     before = kube_api.deployment_version(config.namespace, config.pool_name)
-    after = kube_api.apply_deployment(workloads.build_pool_deployment(config, replicas))
+    after = kube_api.apply_deployment(workloads.build_pool_deployment(config, replicas, owners))
     if before != after:
         logger.info("shared pool %s: %d pod(s)", config.pool_name, replicas)
     return replicas
@@ -111,10 +118,11 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
     # could write last.
     pool_lock = threading.Lock()
     reports = workers.ReportCache(ttl_s=config.status_interval_s / 2)
+    owners: list[dict[str, Any]] = []  # the operator's Deployment, read once at start
 
     def sync_pool(kube_api: kube.Kube, logger: Any) -> None:
         with pool_lock:
-            ensure_pool(kube_api, config, logger)
+            ensure_pool(kube_api, config, logger, owners)
 
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
@@ -134,6 +142,8 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
         settings.scanning.disabled = True
         settings.watching.server_timeout = 60
         memo.kube = kube.Kube(kube.connect())
+        if config.owner_deployment:
+            owners[:] = [memo.kube.owner_reference(config.namespace, config.owner_deployment)]
         sync_pool(memo.kube, logger)
 
     @kopf.on.resume(**RESOURCE, registry=registry)

@@ -101,6 +101,11 @@ class Kube:
                 return None
             raise
 
+    def owner_reference(self, namespace: str, deployment: str) -> dict[str, Any]:
+        """An ownerReference to a Deployment: what it owns is garbage-collected when it goes."""
+        found = self._apps.read_namespaced_deployment(deployment, namespace)
+        return {"apiVersion": "apps/v1", "kind": "Deployment", "name": deployment, "uid": found.metadata.uid}
+
     def delete_deployment(self, namespace: str, name: str) -> bool:
         """Delete if present; False when there was nothing to delete."""
         try:
@@ -115,6 +120,21 @@ class Kube:
         listing = self._custom.list_namespaced_custom_object(
             spec_module.GROUP, spec_module.VERSION, namespace, spec_module.PLURAL)
         return list(listing.get("items", []))
+
+    def annotate_pods(self, namespace: str, selector: str, annotations: dict[str, str]) -> int:
+        """Set these annotations on every pod of the selector that lacks them; returns how many changed."""
+        changed = 0
+        for pod in self._core.list_namespaced_pod(namespace, label_selector=selector).items:
+            current = pod.metadata.annotations or {}
+            if pod.metadata.deletion_timestamp is None and any(current.get(k) != v for k, v in annotations.items()):
+                try:
+                    self._core.patch_namespaced_pod(pod.metadata.name, namespace,
+                                                    {"metadata": {"annotations": annotations}})
+                    changed += 1
+                except ApiException as exc:
+                    if exc.status != 404:  # a pod gone meanwhile needs nothing
+                        raise
+        return changed
 
     def worker_pods(self, namespace: str, selector: str) -> list[WorkerPod]:
         pods = self._core.list_namespaced_pod(namespace, label_selector=selector).items

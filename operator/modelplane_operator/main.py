@@ -8,8 +8,10 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import sys
 
 import kopf
+import pydantic
 
 from modelplane_operator.config import OperatorConfig
 from modelplane_operator.handlers import build_registry
@@ -35,7 +37,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     namespace = args.namespace or os.environ.get("MODELPLANE_OPERATOR_NAMESPACE") or _pod_namespace() or "default"
-    config = OperatorConfig.from_env(namespace=namespace)
+    try:
+        config = OperatorConfig.from_env(namespace=namespace)
+    except pydantic.ValidationError as exc:
+        sys.exit(f"modelplane-operator: invalid settings: {exc}")
     kopf.run(registry=build_registry(config), standalone=True, namespaces=[config.namespace],
              liveness_endpoint=args.liveness)
 

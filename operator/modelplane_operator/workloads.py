@@ -38,6 +38,8 @@ RUN_AS_USER = 1000
 MANAGER = "modelplane-operator"
 SPEC_HASH = "modelplane.io/spec-hash"
 GPU_CLAIM = "gpu"  # dra: the pod's one ResourceClaim, named by both containers
+# On worker pods: the model-store ConfigMap's resourceVersion they were last told of.
+STORE_VERSION = "modelplane.io/model-store-version"
 
 
 def dedicated_name(model: str) -> str:
@@ -218,10 +220,15 @@ def build_dedicated_deployment(spec: ModelSpec, body: dict[str, Any], config: Op
     return deployment
 
 
-def build_pool_deployment(config: OperatorConfig, replicas: int) -> dict[str, Any]:
-    """The shared pool: pods pin nothing; the router places models on them."""
+def build_pool_deployment(config: OperatorConfig, replicas: int,
+                          owners: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+    """The shared pool: pods pin nothing; the router places models on them. `owners`: the
+    operator's Deployment, so the pool goes when the chart is uninstalled."""
     template = build_worker_pod_template(config, dedicated_to=None, pinned=[])
-    return _deployment(config.pool_name, config.namespace, None, replicas, template)
+    deployment = _deployment(config.pool_name, config.namespace, None, replicas, template)
+    if owners:
+        deployment["metadata"]["ownerReferences"] = list(owners)
+    return deployment
 
 
 def store_entry(spec: ModelSpec) -> dict[str, Any]:
@@ -238,16 +245,15 @@ def _store_document(specs: Iterable[ModelSpec]) -> str:
     return json.dumps({"models": entries}, indent=1, sort_keys=True)
 
 
-def build_model_store_configmap(specs: Iterable[ModelSpec], config: OperatorConfig) -> dict[str, Any]:
+def build_model_store_configmap(specs: Iterable[ModelSpec], config: OperatorConfig,
+                                owners: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
     """The catalogs worker pods mount as their model store: one key for the shared pool's
     models, one per dedicated model holding only that model."""
     specs = list(specs)
     data = {MODEL_STORE_KEY: _store_document(s for s in specs if s.placement is Placement.SHARED)}
     data.update({store_key(s.id): _store_document([s]) for s in specs if s.placement is Placement.DEDICATED})
-    return {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {"name": config.model_store_configmap, "namespace": config.namespace,
-                     "labels": {labels.PART_OF: labels.PROJECT, labels.MANAGED_BY: MANAGER}},
-        "data": data,
-    }
+    metadata: dict[str, Any] = {"name": config.model_store_configmap, "namespace": config.namespace,
+                                "labels": {labels.PART_OF: labels.PROJECT, labels.MANAGED_BY: MANAGER}}
+    if owners:
+        metadata["ownerReferences"] = list(owners)
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata, "data": data}

@@ -122,3 +122,11 @@ def test_each_pool_mounts_only_its_own_models() -> None:
         template = workloads.build_worker_pod_template(_config(), dedicated_to, [])
         volume = next(v for v in template["spec"]["volumes"] if v["name"] == "model-store")
         assert volume["configMap"]["items"] == [{"key": key, "path": "models.json"}]
+
+
+def test_pool_and_model_store_are_owned_by_the_operator_deployment_when_named() -> None:
+    owner = {"apiVersion": "apps/v1", "kind": "Deployment", "name": "modelplane-operator", "uid": "u-1"}
+    pool = workloads.build_pool_deployment(_config(), replicas=1, owners=[owner])
+    store = workloads.build_model_store_configmap([_spec()], _config(), owners=[owner])
+    assert pool["metadata"]["ownerReferences"] == [owner] == store["metadata"]["ownerReferences"]
+    assert "ownerReferences" not in workloads.build_pool_deployment(_config(), replicas=1)["metadata"]

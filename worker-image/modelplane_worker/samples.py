@@ -315,17 +315,27 @@ def memory_estimate(sample: Sample, folder: Path) -> str:
     return f"{mebibytes}Mi"
 
 
+def share(folder: Path) -> None:
+    """Make a model folder readable by every user: worker containers run as uid 1000, and some
+    writers (safetensors) create files private to their owner."""
+    for path in [folder, *folder.rglob("*")]:
+        extra = 0o555 if path.is_dir() else 0o444
+        if path.stat().st_mode & extra != extra:
+            path.chmod(path.stat().st_mode | extra)
+
+
 def ensure_sample(sample: Sample, out: Path) -> Path:
     """Build one sample unless it is already there at this version; atomic via rename."""
     target = out / sample.id
     marker = target / MARKER
     if marker.is_file() and marker.read_text().strip() == SAMPLES_VERSION:
+        share(target)
         return target
     staging = Path(tempfile.mkdtemp(prefix=f".{sample.id}-", dir=out))
     try:
         sample.build(staging)
         (staging / MARKER).write_text(SAMPLES_VERSION + "\n")
-        staging.chmod(0o755)  # mkdtemp makes it private; the sidecar may run as another user
+        share(staging)  # mkdtemp makes it private; workers and the sidecar run as another user
         if target.exists():
             stale = out / f".{sample.id}-stale-{os.getpid()}"
             target.rename(stale)

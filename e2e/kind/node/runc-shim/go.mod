@@ -1,0 +1,3 @@
+module modelplane.local/runc-shim
+
+go 1.22

@@ -81,6 +81,7 @@ class ModelCopy(BaseModel):
     last_used_s: float = 0.0  # monotonic-free: seconds since the copy was last used
     loaded_at_s: float = 0.0  # seconds since the load finished
     reason: str = ""  # FAILED: why the last load failed
+    failure: str = ""  # FAILED: what failed: "LoadFailed", "WarmupFailed", ...
     failed_at_s: float = 0.0  # FAILED: seconds since that load failed
     # What the shared eviction cost model (modelplane_common.eviction) needs, so that a router
     # predicts the worker's victims from this report:

@@ -334,7 +334,7 @@ def copies(manager: ModelManager) -> list[wire.ModelCopy]:
     for failed in manager.failed_loads():  # held nothing: 0 bytes, and never ready
         result.append(wire.ModelCopy(
             id=failed.model_id, framework=_framework_of(manager, failed.model_id), state=wire.CopyState.FAILED,
-            reason=failed.reason, failed_at_s=failed.failed_at_s, pinned=failed.pinned,
+            reason=failed.reason, failed_at_s=failed.failed_at_s, pinned=failed.pinned, failure=failed.failure,
         ))
     return result
 

@@ -35,6 +35,10 @@ Guarantees, and how they are kept:
   runs, memory may exceed the budget by that model's size, so on a GPU the
   budget should leave room for the largest model on top. A model whose
   measured size exceeds the budget is unloaded again and refused.
+- **Warm-up before ready.** A spec's ``warmup`` inputs run through a new copy
+  while it is still LOADING (on the load thread); a failing one fails the load
+  (``WarmupFailed``: nothing evicted) and no request reaches a copy before they
+  all ran.
 - **Loads never block loaded models.** ``load()``/``unload()`` run on a small
   thread pool of their own; inference runs on another (``asyncio.to_thread``).
   All table changes happen on the event loop between awaits, so they need no lock.
@@ -87,6 +91,8 @@ class ManagerObserver(Protocol):
 
     def load_finished(self, spec: ModelSpec, seconds: float, ok: bool) -> None: ...
 
+    def warmup_finished(self, spec: ModelSpec, seconds: float) -> None: ...
+
     def model_evicted(self, spec: ModelSpec) -> None: ...
 
     def model_bytes(self, spec: ModelSpec, size: int | None) -> None: ...
@@ -100,6 +106,9 @@ class ManagerObserver(Protocol):
 
 class _NoObserver:
     def load_finished(self, spec: ModelSpec, seconds: float, ok: bool) -> None:
+        pass
+
+    def warmup_finished(self, spec: ModelSpec, seconds: float) -> None:
         pass
 
     def model_evicted(self, spec: ModelSpec) -> None:
@@ -216,6 +225,7 @@ class FailedLoadView:
     reason: str
     failed_at_s: float  # seconds since it failed
     pinned: bool
+    failure: str = "LoadFailed"  # WarmupFailed when the model loaded but its warm-up failed
 
 
 class ModelManager:
@@ -322,7 +332,8 @@ class ModelManager:
         """The remembered failures (as `failures()`), with how long ago each happened."""
         now = self._clock()
         return [
-            FailedLoadView(key, failure.error.message, max(0.0, now - failure.at), self.is_pinned(key))
+            FailedLoadView(key, failure.error.message, max(0.0, now - failure.at), self.is_pinned(key),
+                           "WarmupFailed" if isinstance(failure.error, errors.WarmupFailed) else "LoadFailed")
             for key, failure in sorted(self._failures.items())
             if key not in self._copies
         ]
@@ -645,15 +656,33 @@ class ModelManager:
         self._admit_queued()
 
     def _create_and_load(self, spec: ModelSpec) -> tuple[FrameworkWorker, int, bool]:
-        """The loaded worker, its measured size, and whether the load imported code (the first
-        model of a framework or architecture pays for imports once: that is not its own cost)."""
+        """The loaded and warmed-up worker, its measured size, and whether the load imported code
+        (the first model of a framework or architecture pays for imports once: not its own cost)."""
         modules = len(sys.modules)
         worker = self._create_worker(spec, self.context)
         try:
             worker.load()
+            self._warm_up(worker)
             return worker, worker.measured_bytes(), len(sys.modules) != modules
         except BaseException as exc:
             raise _HalfLoaded(worker, exc) from exc
+
+    def _warm_up(self, worker: FrameworkWorker) -> None:
+        """Run the spec's warm-up inputs through the new copy while it is still LOADING, so no
+        request reaches it before they ran (first-call costs: kernels, caches, lazy buffers)."""
+        spec = worker.spec
+        if not spec.warmup:
+            return
+        started = time.perf_counter()
+        for index, sample in enumerate(spec.warmup):
+            try:
+                worker.predict(sample)
+            except Exception as exc:  # noqa: BLE001 - any failure means the copy is not fit to serve
+                cause = exc.message if isinstance(exc, errors.ModelplaneError) else f"{type(exc).__name__}: {exc}"
+                raise errors.WarmupFailed(
+                    f"warm-up of model {spec.id!r} failed on input {index} of {len(spec.warmup)}: {cause}"
+                ) from exc
+        self._observer.warmup_finished(spec, time.perf_counter() - started)
 
     def _load_cost(self, model_id: str) -> float:
         """A model's reload seconds for the cost model: its last clean load (one that imported no

@@ -44,6 +44,10 @@ class ModelLoadFailed(ModelplaneError):
     status_code = 500
 
 
+class WarmupFailed(ModelLoadFailed):
+    """The model loaded, but one of its spec's warm-up inputs failed: the copy never became ready."""
+
+
 class ModelTooLarge(ModelplaneError):
     """The model cannot fit even in an empty cache."""
     status_code = 507

@@ -7,6 +7,7 @@ REQUESTS_TOTAL = f"{PREFIX}_requests_total"            # labels: model, framewor
 REQUEST_SECONDS = f"{PREFIX}_request_seconds"          # histogram; labels: model, framework, pod
 MODEL_LOAD_SECONDS = f"{PREFIX}_model_load_seconds"    # histogram; labels: model, framework, pod
 MODEL_LOADS_TOTAL = f"{PREFIX}_model_loads_total"      # labels: model, framework, pod, result
+MODEL_WARMUP_SECONDS = f"{PREFIX}_model_warmup_seconds"  # histogram: spec.warmup after a load; labels: model, framework, pod
 EVICTIONS_TOTAL = f"{PREFIX}_evictions_total"          # labels: model, framework, pod
 MODEL_BYTES = f"{PREFIX}_model_bytes"                  # gauge; labels: model, framework, pod
 MEMORY_USED_BYTES = f"{PREFIX}_memory_used_bytes"      # gauge; labels: pod

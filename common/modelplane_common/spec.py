@@ -119,6 +119,12 @@ class ModelSpec(BaseModel):
             self.name = self.id
         return self
 
+    def load_key(self) -> tuple[str, ...]:
+        """What decides the weights a copy holds: a change of any of these is a rollout (a new copy
+        is loaded and takes over from the old one); other fields (memory, replicas, labels...) apply
+        to the copy in place."""
+        return (self.framework.value, self.task.value, self.source, self.version)
+
     @classmethod
     def from_served_model(cls, body: dict[str, Any]) -> "ModelSpec":
         """Build from a ServedModel object (its metadata.name is the model id)."""

@@ -14,6 +14,9 @@ from pydantic import BaseModel, Field
 # A caller's time budget for one request, in seconds (decimal): how long a worker may let it wait
 # for room and for its model's load. The router sends what is left of its own request timeout.
 TIMEOUT_HEADER = "x-modelplane-timeout"
+# On every inference answer: the version of the copy that computed it (during a rollout, the old
+# version until the new copy has taken over).
+VERSION_HEADER = "x-modelplane-model-version"
 
 
 class PredictRequest(BaseModel):
@@ -24,6 +27,7 @@ class PredictRequest(BaseModel):
 class PredictResponse(BaseModel):
     model_id: str
     predictions: Any
+    model_version: str = ""  # the version of the copy that computed the predictions
 
 
 class ModelMetadata(BaseModel):
@@ -80,7 +84,9 @@ class ModelCopy(BaseModel):
     inflight: int = 0
     last_used_s: float = 0.0  # monotonic-free: seconds since the copy was last used
     loaded_at_s: float = 0.0  # seconds since the load finished
-    reason: str = ""  # FAILED: why the last load failed
+    version: str = ""  # the version this copy holds (the one that answers its requests)
+    reason: str = ""  # FAILED: why the last load failed; READY: a rollout to a new version that failed
+    failure: str = ""  # FAILED: what failed: "LoadFailed", "WarmupFailed", ...
     failed_at_s: float = 0.0  # FAILED: seconds since that load failed
     # What the shared eviction cost model (modelplane_common.eviction) needs, so that a router
     # predicts the worker's victims from this report:

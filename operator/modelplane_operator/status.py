@@ -21,6 +21,8 @@ def copies_of(model: str, reports: Mapping[str, WorkerStatus]) -> list[dict[str,
             entry: dict[str, Any] = {"pod": pod, "state": copy.state.value, "bytes": copy.bytes}
             if copy.reason:
                 entry["reason"] = copy.reason
+            if copy.failure:
+                entry["failure"] = copy.failure
             copies.append(entry)
     return copies
 
@@ -40,6 +42,8 @@ def readiness(spec: ModelSpec, copies: list[dict[str, Any]],
         return True, "CopiesReady", f"{ready} of {required} required copies ready"
     if failed:
         first = failed[0]
+        if first.get("failure") == "WarmupFailed":
+            return False, "WarmupFailed", f"warm-up on pod {first['pod']} failed: {first.get('reason') or 'no reason given'}"
         return False, "LoadFailed", f"load on pod {first['pod']} failed: {first.get('reason') or 'no reason given'}"
     if pod_problems:
         return False, "PodsFailing", f"{ready} of {required} required copies ready; {pod_problems[0]}"

@@ -14,10 +14,10 @@ from typing import Any, Mapping
 import aiohttp
 
 from modelplane_common import errors
-from modelplane_common.wire import TIMEOUT_HEADER, WorkerStatus
+from modelplane_common.wire import TIMEOUT_HEADER, VERSION_HEADER, WorkerStatus
 
 # Headers a worker's answer keeps on its way back through the router.
-PASSED_RESPONSE_HEADERS = ("content-type", "inference-header-content-length", "retry-after", "server-timing")
+PASSED_RESPONSE_HEADERS = ("content-type", "inference-header-content-length", "retry-after", "server-timing", VERSION_HEADER)
 # Headers a client's request keeps on its way to a worker.
 PASSED_REQUEST_HEADERS = ("content-type", "inference-header-content-length", "accept", TIMEOUT_HEADER)
 

@@ -88,6 +88,8 @@ class BallastWorker(FrameworkWorker):
         if not isinstance(input_data, list) or not all(isinstance(x, (int, float)) for x in input_data):
             raise errors.BadInput("input_data must be a list of numbers")
         self.predicting.set()
+        with _loads_lock:
+            EVENTS.append(f"predict:{self.spec.id}:{input_data}")
         try:
             time.sleep(self._predict_delay_s)
             if self._data is None:
@@ -134,7 +136,7 @@ MiB = 2**20
 def catalog(root: Path, models: dict[str, dict[str, Any]]) -> MemoryModelStore:
     """A store of ballast models: ``{"a": {"size": MiB, "delay": 0.2, "memory": "1Mi", "pinned": True}}``.
 
-    ``"predict_delay"`` makes each predict() take that long. A model with ``"missing": True`` has no file; ``"corrupt": True`` has a broken one.
+    ``"predict_delay"`` makes each predict() take that long; ``"warmup"`` lists the spec's warm-up inputs. A model with ``"missing": True`` has no file; ``"corrupt": True`` has a broken one.
     """
     store = MemoryModelStore()
     for model_id, options in models.items():
@@ -148,7 +150,8 @@ def catalog(root: Path, models: dict[str, dict[str, Any]]) -> MemoryModelStore:
             write_model(
                 folder, options.get("size", MiB), options.get("delay", 0.0), options.get("factor", 2.0), options.get("predict_delay", 0.0)
             )
-        store.put(make_spec(model_id, folder, memory=options.get("memory", 0), pinned=options.get("pinned", False)))
+        store.put(make_spec(model_id, folder, memory=options.get("memory", 0), pinned=options.get("pinned", False),
+                            warmup=options.get("warmup", [])))
     return store
 
 

@@ -36,6 +36,14 @@ def test_a_failed_load_names_the_pod_and_the_reason() -> None:
     assert (ready, reason) == (False, "LoadFailed") and "pod a" in message and "weights missing" in message
 
 
+def test_a_failed_warm_up_is_reported_as_such() -> None:
+    report = _report("a")
+    report.models.append(ModelCopy(id="m", framework="transformers", state=CopyState.FAILED,
+                                   reason="warm-up of model 'm' failed on input 0 of 1: bad text", failure="WarmupFailed"))
+    ready, reason, message = status.readiness(_spec(replicas={"min": 1, "max": 1}), status.copies_of("m", {"a": report}))
+    assert (ready, reason) == (False, "WarmupFailed") and "pod a" in message and "bad text" in message
+
+
 def test_on_demand_models_are_ready_without_copies() -> None:
     assert status.readiness(_spec(), [])[:2] == (True, "LoadOnDemand")
 

@@ -123,9 +123,9 @@ def create_app(
         body = parse_json_model(wire.PredictRequest, await body_of(request))
         timing = RequestTiming()
         predictions = await dataplane.predict(body.model_id, body.input_data, timeout_of(request), timing)
-        answer = wire.PredictResponse(model_id=body.model_id, predictions=predictions)
+        answer = wire.PredictResponse(model_id=body.model_id, predictions=predictions, model_version=timing.version)
         return Response(answer.model_dump_json(), media_type="application/json",
-                        headers={"Server-Timing": timing.header()})
+                        headers={"Server-Timing": timing.header(), wire.VERSION_HEADER: timing.version})
 
     @app.get("/models")
     async def models() -> wire.ModelsResponse:
@@ -172,7 +172,7 @@ def create_app(
         timing = RequestTiming()
         answer = await dataplane.infer(name, version, body, request.headers, decode, timeout_of(request), timing)
         return Response(content=answer.body, status_code=answer.status,
-                        headers={**answer.headers, "Server-Timing": timing.header()})
+                        headers={**answer.headers, "Server-Timing": timing.header(), wire.VERSION_HEADER: timing.version})
 
     # ----- OIP v2: repository ----------------------------------------------
 
@@ -328,13 +328,15 @@ def copies(manager: ModelManager) -> list[wire.ModelCopy]:
             load_seconds=view.load_seconds,
             frequency=view.frequency,
             queued=view.queued,
+            version=view.version,
+            reason=view.reason,
         )
         for view in manager.snapshot()
     ]
     for failed in manager.failed_loads():  # held nothing: 0 bytes, and never ready
         result.append(wire.ModelCopy(
             id=failed.model_id, framework=_framework_of(manager, failed.model_id), state=wire.CopyState.FAILED,
-            reason=failed.reason, failed_at_s=failed.failed_at_s, pinned=failed.pinned,
+            reason=failed.reason, failed_at_s=failed.failed_at_s, pinned=failed.pinned, failure=failed.failure,
         ))
     return result
 

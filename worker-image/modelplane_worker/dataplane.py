@@ -98,7 +98,7 @@ class DataPlane:
                         return forwarded
                     request = decode()
                 outputs = await self._run(spec, timing, worker.infer, request.inputs, request.parameters)
-            content, content_headers = codec.encode_response(spec.id, spec.version, request, outputs)
+            content, content_headers = codec.encode_response(spec.id, timing.version or spec.version, request, outputs)
             return ForwardedResponse(status=200, headers=content_headers, body=content)
 
     async def metadata(self, model_name: str, version: str | None) -> dict[str, Any]:

@@ -35,6 +35,16 @@ Guarantees, and how they are kept:
   runs, memory may exceed the budget by that model's size, so on a GPU the
   budget should leave room for the largest model on top. A model whose
   measured size exceeds the budget is unloaded again and refused.
+- **Spec changes are rollouts.** A READY copy whose spec changed in what
+  decides its weights (``ModelSpec.load_key``: framework, task, source,
+  version) keeps serving while the new version loads and warms up beside it
+  (its room is the old copy's), then the new copy takes over and the old one
+  drains and unloads. Every answer names the version of the copy that
+  computed it. A failed rollout leaves the old copy serving, with the reason.
+- **Warm-up before ready.** A spec's ``warmup`` inputs run through a new copy
+  while it is still LOADING (on the load thread); a failing one fails the load
+  (``WarmupFailed``: nothing evicted) and no request reaches a copy before they
+  all ran.
 - **Loads never block loaded models.** ``load()``/``unload()`` run on a small
   thread pool of their own; inference runs on another (``asyncio.to_thread``).
   All table changes happen on the event loop between awaits, so they need no lock.
@@ -87,6 +97,8 @@ class ManagerObserver(Protocol):
 
     def load_finished(self, spec: ModelSpec, seconds: float, ok: bool) -> None: ...
 
+    def warmup_finished(self, spec: ModelSpec, seconds: float) -> None: ...
+
     def model_evicted(self, spec: ModelSpec) -> None: ...
 
     def model_bytes(self, spec: ModelSpec, size: int | None) -> None: ...
@@ -100,6 +112,9 @@ class ManagerObserver(Protocol):
 
 class _NoObserver:
     def load_finished(self, spec: ModelSpec, seconds: float, ok: bool) -> None:
+        pass
+
+    def warmup_finished(self, spec: ModelSpec, seconds: float) -> None:
         pass
 
     def model_evicted(self, spec: ModelSpec) -> None:
@@ -125,6 +140,7 @@ class RequestTiming:
     queue_s: float = 0.0  # waiting for room in the admission queue
     load_s: float = 0.0  # waiting for its model's load (its own or one it joined)
     infer_s: float = 0.0  # the framework's inference
+    version: str = ""  # the version of the copy that served it (during a rollout, maybe not the store's)
 
     def header(self) -> str:
         """``queue;dur=0.0, load;dur=41.3, infer;dur=3.2`` (milliseconds, as the header wants)."""
@@ -146,7 +162,10 @@ class _Copy:
     last_used: float = 0.0
     loaded_at: float = 0.0
     promised_to: str | None = None  # a READY copy reserved as the victim of this loading model
-    kept: bool = False  # an explicit load (API, pinned) asked for it: never transient
+    kept: bool = False  # an explicit load (API, pinned) or a rollout asked for it: never transient
+    replacement: "_Copy | None" = None  # READY: the copy of the new version loading to take over from it
+    replaces: "_Copy | None" = None  # a rollout's new copy: the one it takes over from
+    rollout_error: str = ""  # READY: why the last rollout from it failed (it keeps serving)
     transient: bool = False  # admitted only for the requests that wanted it: unloaded once they are served
     drained: asyncio.Event = field(default_factory=asyncio.Event)
     gone: asyncio.Future[None] | None = None
@@ -194,6 +213,7 @@ class CopyView:
     load_seconds: float = 0.0
     frequency: float = 0.0
     queued: int = 0
+    version: str = ""
     reason: str = ""
 
 
@@ -203,6 +223,7 @@ class _Failure:
 
     error: errors.ModelplaneError
     at: float  # the manager's clock
+    load_key: tuple[str, ...] = ()  # the spec that failed (a rollout's failure does not hide the copy serving)
 
     def backs_off(self) -> bool:
         return not isinstance(self.error, errors.BackendUnavailable)
@@ -216,6 +237,7 @@ class FailedLoadView:
     reason: str
     failed_at_s: float  # seconds since it failed
     pinned: bool
+    failure: str = "LoadFailed"  # WarmupFailed when the model loaded but its warm-up failed
 
 
 class ModelManager:
@@ -265,6 +287,7 @@ class ModelManager:
         self._preflight = preflight
         self._create_worker = create_worker
         self._copies: dict[str, _Copy] = {}
+        self._leaving: set[_Copy] = set()  # replaced by a rollout, unloading once drained
         self._queue: dict[str, _Ticket] = {}  # insertion order is arrival order
         self._queued_requests = 0
         self._failures: dict[str, _Failure] = {}  # last failed load per model, until a load succeeds
@@ -297,13 +320,22 @@ class ModelManager:
         copy = self._copies.get(model_id)
         return copy.worker if copy is not None and copy.state is CopyState.READY else None
 
+    def _all_copies(self) -> Iterable[_Copy]:
+        """Every copy that holds memory: the table's, the new copies of rollouts in progress, and
+        old copies a rollout replaced that are still draining."""
+        for copy in self._copies.values():
+            yield copy
+            if copy.replacement is not None:
+                yield copy.replacement
+        yield from self._leaving
+
     def used_bytes(self) -> int:
         """Bytes held now, including copies still loading (their estimate) or being unloaded."""
-        return sum(copy.bytes for copy in self._copies.values())
+        return sum(copy.bytes for copy in self._all_copies())
 
     def committed_bytes(self) -> int:
         """Bytes that count towards the budget: every copy but ready ones promised to a load."""
-        return sum(copy.bytes for copy in self._copies.values() if copy.counts_towards_budget)
+        return sum(copy.bytes for copy in self._all_copies() if copy.counts_towards_budget)
 
     def known_size(self, spec: ModelSpec) -> int:
         """The best size figure for `spec`: measured at its last load, else its estimate."""
@@ -322,7 +354,8 @@ class ModelManager:
         """The remembered failures (as `failures()`), with how long ago each happened."""
         now = self._clock()
         return [
-            FailedLoadView(key, failure.error.message, max(0.0, now - failure.at), self.is_pinned(key))
+            FailedLoadView(key, failure.error.message, max(0.0, now - failure.at), self.is_pinned(key),
+                           "WarmupFailed" if isinstance(failure.error, errors.WarmupFailed) else "LoadFailed")
             for key, failure in sorted(self._failures.items())
             if key not in self._copies
         ]
@@ -345,6 +378,8 @@ class ModelManager:
                 load_seconds=self._load_cost(key),
                 frequency=stats.demand.value(now) if stats else 0.0,
                 queued=copy.queued + (ticket.waiters if ticket else 0),
+                version=copy.spec.version,
+                reason=copy.rollout_error,
             ))
         return sorted(views, key=lambda view: view.model_id)
 
@@ -412,7 +447,9 @@ class ModelManager:
             if not hold:
                 copy.kept = True  # an explicit load wants the copy to stay, whatever it displaces
             if copy.state is CopyState.READY:
+                self._roll_if_stale(copy, spec)
                 copy.last_used = self._clock()
+                timing.version = copy.spec.version
                 if hold:
                     copy.inflight += 1
                     copy.drained.clear()
@@ -591,6 +628,58 @@ class ModelManager:
         again.headers = {**failure.error.headers, "Retry-After": str(max(1, math.ceil(remaining)))}
         raise again.with_traceback(None)
 
+    # ----- rollouts: a changed spec takes over from the copy it changes ------
+
+    def roll_stale_copies(self) -> list[str]:
+        """Start a rollout for every ready copy whose spec changed in a way that alters what is
+        loaded (``ModelSpec.load_key``); the ids started. Also done on each request."""
+        started = []
+        for key, copy in list(self._copies.items()):
+            try:
+                spec = self.store.get(key)
+            except errors.ModelNotFound:
+                continue
+            if copy.state is CopyState.READY and self._roll_if_stale(copy, spec):
+                started.append(key)
+        return started
+
+    def _roll_if_stale(self, copy: _Copy, spec: ModelSpec) -> bool:
+        """If `copy` holds other weights than `spec` declares, load `spec` beside it; it keeps serving
+        until the new copy is loaded and warmed up, then the new copy takes over (a rollout)."""
+        if copy.replacement is not None or copy.spec.load_key() == spec.load_key():
+            return False
+        failure = self._failures.get(spec.id)
+        if failure is not None and failure.load_key == spec.load_key() and self._clock() < failure.at + self.failure_backoff_s:
+            return False  # that version just failed: the old one serves until the back-off ends
+        estimate = self.known_size(spec)
+        copy.promised_to = spec.id  # the old copy's room is the new one's
+        victims = self._victims(extra_bytes=estimate, extra_slots=1, exclude=None, count_unloading=True)
+        if victims is None or estimate > self.memory_budget:
+            copy.promised_to = None
+            return False  # no room beside it now: tried again on the next request or check
+        for victim in victims:
+            self._copies[victim.model_id].promised_to = spec.id
+        new = _Copy(spec=spec, state=CopyState.LOADING, bytes=estimate, kept=True, replaces=copy,
+                    loading=asyncio.get_running_loop().create_future())
+        copy.replacement = new
+        log.info("rolling %s from version %s to %s", spec.id, copy.spec.version, spec.version)
+        self._spawn(self._run_load(new))
+        return True
+
+    def _take_over(self, new: _Copy) -> None:
+        """A rollout's new copy replaces the old one in the table; the old one drains and unloads."""
+        old = new.replaces
+        assert old is not None
+        old.replacement = None
+        new.replaces = None
+        if self._copies.get(new.spec.id) is old:
+            if old.state is CopyState.READY:
+                self._begin_unload(old, evicted=False)
+            if old.state is CopyState.UNLOADING:
+                self._leaving.add(old)  # still holds its memory until its requests are done
+        self._copies[new.spec.id] = new
+        log.info("rolled %s to version %s", new.spec.id, new.spec.version)
+
     def _start_load_if_room(self, spec: ModelSpec) -> _Copy | None:
         """Start loading `spec` if room can be promised now (victims reserved); None if not yet."""
         estimate = self.known_size(spec)
@@ -645,15 +734,33 @@ class ModelManager:
         self._admit_queued()
 
     def _create_and_load(self, spec: ModelSpec) -> tuple[FrameworkWorker, int, bool]:
-        """The loaded worker, its measured size, and whether the load imported code (the first
-        model of a framework or architecture pays for imports once: that is not its own cost)."""
+        """The loaded and warmed-up worker, its measured size, and whether the load imported code
+        (the first model of a framework or architecture pays for imports once: not its own cost)."""
         modules = len(sys.modules)
         worker = self._create_worker(spec, self.context)
         try:
             worker.load()
+            self._warm_up(worker)
             return worker, worker.measured_bytes(), len(sys.modules) != modules
         except BaseException as exc:
             raise _HalfLoaded(worker, exc) from exc
+
+    def _warm_up(self, worker: FrameworkWorker) -> None:
+        """Run the spec's warm-up inputs through the new copy while it is still LOADING, so no
+        request reaches it before they ran (first-call costs: kernels, caches, lazy buffers)."""
+        spec = worker.spec
+        if not spec.warmup:
+            return
+        started = time.perf_counter()
+        for index, sample in enumerate(spec.warmup):
+            try:
+                worker.predict(sample)
+            except Exception as exc:  # noqa: BLE001 - any failure means the copy is not fit to serve
+                cause = exc.message if isinstance(exc, errors.ModelplaneError) else f"{type(exc).__name__}: {exc}"
+                raise errors.WarmupFailed(
+                    f"warm-up of model {spec.id!r} failed on input {index} of {len(spec.warmup)}: {cause}"
+                ) from exc
+        self._observer.warmup_finished(spec, time.perf_counter() - started)
 
     def _load_cost(self, model_id: str) -> float:
         """A model's reload seconds for the cost model: its last clean load (one that imported no
@@ -679,15 +786,21 @@ class ModelManager:
                 f"whole memory budget of {format_bytes(self.memory_budget)}; nothing was evicted"
             )
         self._release_promises(spec.id)  # chosen again below, with the measured size
+        if copy.replaces is not None:
+            copy.replaces.promised_to = spec.id  # a rollout's old copy stays out of the count: it is leaving
         copy.bytes = size
         # Copies still unloading were already given up for loads admitted before this one: their
         # memory is that earlier room, so only what is not leaving counts here.
         victims = self._victims(extra_bytes=0, extra_slots=0, exclude=spec.id, count_unloading=False)
         if victims is None:
+            if copy.replaces is not None:
+                copy.replaces.promised_to = None
             return errors.NoCapacity(
                 f"model {spec.id!r} measured {format_bytes(size)} after loading, and no room for it can be "
                 f"made within the memory budget of {format_bytes(self.memory_budget)}; {self._occupancy()}"
             )
+        if copy.replaces is not None:
+            self._take_over(copy)
         now = self._clock()
         copy.worker, copy.state, copy.loaded_at, copy.last_used = worker, CopyState.READY, now, now
         self._failures.pop(spec.id, None)
@@ -713,7 +826,11 @@ class ModelManager:
         if self._copies.get(copy.spec.id) is copy:
             del self._copies[copy.spec.id]
         self._release_promises(copy.spec.id)
-        self._failures[copy.spec.id] = _Failure(error, self._clock())
+        self._failures[copy.spec.id] = _Failure(error, self._clock(), copy.spec.load_key())
+        if copy.replaces is not None:  # a rollout: the old copy keeps serving, and says why
+            copy.replaces.replacement = None
+            copy.replaces.rollout_error = f"rollout to version {copy.spec.version} failed: {error.message}"
+            copy.replaces = None
         log.warning("load of %s failed: %s", copy.spec.id, error.message)
         self._observer.load_finished(copy.spec, seconds, ok=False)
         self._observer.memory_used(self.used_bytes())
@@ -742,9 +859,9 @@ class ModelManager:
 
         A new load (`count_unloading`) waits for copies being unloaded to be gone: their memory is
         not free yet. A finished load does not count them again (see `_admit_loaded`)."""
-        counted = [copy for key, copy in self._copies.items() if copy.counts_towards_budget
+        counted = [copy for copy in self._all_copies() if copy.counts_towards_budget
                    and (count_unloading or copy.state is not CopyState.UNLOADING)
-                   and (count_excluded or key != exclude)]
+                   and (count_excluded or copy.spec.id != exclude or copy.replaces is not None)]
         bytes_needed = sum(copy.bytes for copy in counted) + extra_bytes - self.memory_budget
         slots_needed = len(counted) + extra_slots - self.max_models if self.max_models else 0
         if bytes_needed <= 0 and slots_needed <= 0:
@@ -782,9 +899,11 @@ class ModelManager:
         except Exception:  # noqa: BLE001 - the copy is gone either way
             log.exception("unload of %s raised; dropping it anyway", copy.spec.id)
         copy.worker = None
+        self._leaving.discard(copy)
         if self._copies.get(copy.spec.id) is copy:
             del self._copies[copy.spec.id]
-        self._observer.model_bytes(copy.spec, None)
+        if copy.spec.id not in self._copies:  # a rollout's new copy keeps its series
+            self._observer.model_bytes(copy.spec, None)
         self._observer.memory_used(self.used_bytes())
         copy.gone.set_result(None)
         self._admit_queued()
@@ -828,9 +947,11 @@ class ModelManager:
         return all(results)
 
     async def keep_pinned_loaded(self, check_s: float = 5.0, max_retry_s: float = 60.0) -> None:
-        """Forever: load pinned models, also ones the store gains later; back off while loads fail."""
+        """Forever: roll copies whose spec changed, load pinned models (also ones the store gains
+        later); back off while pinned loads fail."""
         delay = check_s
         while True:
+            self.roll_stale_copies()  # a spec changed in the store: its copies roll without waiting for traffic
             delay = check_s if await self.load_pinned() else min(delay * 2, max_retry_s)
             await asyncio.sleep(delay)
 
@@ -850,11 +971,12 @@ class ModelManager:
                 ticket.admitted.add_done_callback(lambda future: future.exception())
         self._queue.clear()
         loop = asyncio.get_running_loop()
-        for copy in list(self._copies.values()):
+        for copy in list(self._all_copies()):
             if copy.worker is not None:
                 with contextlib.suppress(Exception):
                     await loop.run_in_executor(self._load_pool, copy.worker.unload)
         self._copies.clear()
+        self._leaving.clear()
         self._load_pool.shutdown(wait=False, cancel_futures=True)
 
     def _spawn(self, coroutine: Awaitable[None]) -> None:

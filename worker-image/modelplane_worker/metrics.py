@@ -29,6 +29,10 @@ class WorkerMetrics:
         self.load_seconds = Histogram(
             names.MODEL_LOAD_SECONDS, "Model load time", model_labels, buckets=_LOAD_BUCKETS, registry=self.registry
         )
+        self.warmup_seconds = Histogram(
+            names.MODEL_WARMUP_SECONDS, "Time a copy spent on its spec's warm-up inputs before it was ready", model_labels,
+            buckets=_LOAD_BUCKETS, registry=self.registry,
+        )
         self.loads = Counter(names.MODEL_LOADS_TOTAL, "Model loads by result", [*model_labels, "result"], registry=self.registry)
         self.evictions = Counter(names.EVICTIONS_TOTAL, "Models evicted to make room", model_labels, registry=self.registry)
         self.bytes = Gauge(names.MODEL_BYTES, "Measured bytes of each loaded model", model_labels, registry=self.registry)
@@ -60,6 +64,9 @@ class WorkerMetrics:
         self.loads.labels(*self._labels(spec), "success" if ok else "failure").inc()
         if ok:
             self.load_seconds.labels(*self._labels(spec)).observe(seconds)
+
+    def warmup_finished(self, spec: ModelSpec, seconds: float) -> None:
+        self.warmup_seconds.labels(*self._labels(spec)).observe(seconds)
 
     def model_evicted(self, spec: ModelSpec) -> None:
         self.evictions.labels(*self._labels(spec)).inc()

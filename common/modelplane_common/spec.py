@@ -26,6 +26,7 @@ class Framework(str, enum.Enum):
     TRANSFORMERS = "transformers"
     TORCHVISION = "torchvision"
     TRITON = "triton"
+    VLLM = "vllm"
 
 
 class Task(str, enum.Enum):
@@ -33,6 +34,7 @@ class Task(str, enum.Enum):
     IMAGE_CLASSIFICATION = "image-classification"
     EMBEDDING = "embedding"
     TENSOR = "tensor"
+    TEXT_GENERATION = "text-generation"
 
 
 class Placement(str, enum.Enum):
@@ -98,6 +100,12 @@ class ModelSpec(BaseModel):
     placement: Placement = Placement.SHARED
     pinned: bool = False
     warmup: list[Any] = Field(default_factory=list)
+    # A LoRA adapter names the model it runs on (same framework): it loads into that model's engine,
+    # only where that model is loaded, and counts as a light model of its own under the budget.
+    base_model: str = Field("", alias="baseModel", max_length=253)
+    # Engine settings for frameworks that run an engine per model (vllm: gpu_memory_utilization,
+    # max_model_len, enable_lora, ...); each framework checks the keys it accepts when it loads.
+    engine_args: dict[str, str | int | float | bool] = Field(default_factory=dict, alias="engineArgs")
     labels: dict[str, str] = Field(default_factory=dict)
     description: str = ""
     owner: str = ""
@@ -117,6 +125,12 @@ class ModelSpec(BaseModel):
     def _default_name(self) -> "ModelSpec":
         if not self.name:
             self.name = self.id
+        return self
+
+    @model_validator(mode="after")
+    def _not_its_own_base(self) -> "ModelSpec":
+        if self.base_model and self.base_model == self.id:
+            raise ValueError(f"model {self.id!r} cannot be its own baseModel")
         return self
 
     @classmethod

@@ -91,11 +91,18 @@ def body_of_error(exc: errors.ModelplaneError) -> tuple[int, dict[str, Any]]:
 def describe_validation_error(exc: pydantic.ValidationError) -> OpenAIError:
     """The first problem of a request body, naming its field (``messages.0.role``) as OpenAI's ``param``."""
     first = exc.errors()[0]
-    location = ".".join(str(part) for part in first["loc"] if not str(part).startswith("function-"))
-    message = first["msg"]
-    if first["type"] == "missing":
-        message = "field required"
-    return OpenAIError(f"{location or 'body'}: {message}" if location else message, param=location or None)
+    location = ".".join(str(part) for part in first["loc"] if not _union_tag(part))
+    message = "field required" if first["type"] == "missing" else first["msg"]
+    return OpenAIError(f"{location}: {message}" if location else message, param=location or None)
+
+
+def _union_tag(part: Any) -> bool:
+    """Pydantic names the member of a union it tried (``str``, ``list[TextPart]``): not a field."""
+    return isinstance(part, str) and (part in _TYPE_NAMES or "[" in part or part.startswith("function-")
+                                      or part[:1].isupper())
+
+
+_TYPE_NAMES = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
 
 
 # ----- requests -------------------------------------------------------------------------------
@@ -132,6 +139,7 @@ class _Sampling(_Lenient):
 
     model: str = Field(..., min_length=1)
     max_tokens: int | None = Field(None, ge=1)
+    min_tokens: int = Field(0, ge=0)  # vLLM's extension: no end of text before this many tokens
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     n: int = Field(1, ge=1)

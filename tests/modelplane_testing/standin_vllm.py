@@ -9,7 +9,7 @@ completions (streamed or whole), and runtime LoRA loading
 (``/v1/load_lora_adapter``, ``/v1/unload_lora_adapter``, refused unless
 ``--enable-lora`` and ``VLLM_ALLOW_RUNTIME_LORA_UPDATING`` are set, as vLLM
 refuses them). It loads no weights: its "tokens" are the words of a fixed
-text, produced at ``STANDIN_TOKEN_DELAY_S`` seconds apart (a paced
+text, produced ``--standin-token-delay-s`` seconds apart (a paced
 generator whose gaps a benchmark can compare), prefixed with the LoRA
 adapter's name when one is asked for. ``GET /standin/state`` says how it was
 started, what it holds and how many requests each prompt prefix brought.
@@ -50,6 +50,10 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--enable-lora", action="store_true")
     p.add_argument("--max-loras", type=int, default=1)
+    # The stand-in's own flags (a test puts them in the worker's --vllm-command):
+    p.add_argument("--standin-token-delay-s", type=float, default=0.005, help="seconds between two tokens")
+    p.add_argument("--standin-start-delay-s", type=float, default=0.0, help="a slow start (weights, CUDA graphs)")
+    p.add_argument("--standin-fail-start", default="", help="exit at once with this message (a model vLLM cannot load)")
     return p.parse_known_args(argv)
 
 
@@ -162,14 +166,13 @@ async def exit_with_parent(parent: int) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     args, ignored = parse(sys.argv[1:] if argv is None else argv)
-    start_delay = float(os.environ.get("STANDIN_START_DELAY_S", "0"))
-    if os.environ.get("STANDIN_FAIL_START"):
-        print(f"standin: refusing to start: {os.environ['STANDIN_FAIL_START']}", flush=True)
+    if args.standin_fail_start:
+        print(f"standin: refusing to start: {args.standin_fail_start}", flush=True)
         sys.exit(3)
     print(f"standin vLLM engine for {args.served_model_name or args.model} on port {args.port} "
           f"(gpu_memory_utilization {args.gpu_memory_utilization})", flush=True)
-    time.sleep(start_delay)  # a slow engine start (weights, CUDA graphs)
-    app = create_app(args, ignored, float(os.environ.get("STANDIN_TOKEN_DELAY_S", "0.005")))
+    time.sleep(args.standin_start_delay_s)
+    app = create_app(args, ignored, args.standin_token_delay_s)
     parent = os.getppid()
 
     async def serve() -> None:

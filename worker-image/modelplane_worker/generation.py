@@ -29,6 +29,7 @@ class GenerationRequest:
     prompt: str | None = None  # /v1/completions
     messages: Sequence[dict[str, str]] | None = None  # /v1/chat/completions: role and text of each message
     max_tokens: int | None = None  # None: as many as the model's context leaves
+    min_tokens: int = 0  # no end of text before this many (vLLM's extension of the API)
     temperature: float = 1.0  # 0: greedy
     top_p: float = 1.0
     seed: int | None = None

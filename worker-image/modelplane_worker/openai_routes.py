@@ -277,7 +277,7 @@ def generation_request(body: Any, chat: bool) -> GenerationRequest:
             raise OpenAIError(f"{unsupported}: not supported by this model's engine", param=unsupported)
     if not chat and body.echo:
         raise OpenAIError("echo: not supported by this model's engine", param="echo")
-    common = dict(temperature=1.0 if body.temperature is None else body.temperature,
+    common = dict(min_tokens=body.min_tokens, temperature=1.0 if body.temperature is None else body.temperature,
                   top_p=1.0 if body.top_p is None else body.top_p, seed=body.seed, stop=body.stop_strings())
     if chat:
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]

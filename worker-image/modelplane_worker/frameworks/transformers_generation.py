@@ -106,6 +106,9 @@ def generate(model: Any, tokenizer: Any, tokenizer_lock: threading.Lock, context
     if prompt_tokens == 0:
         raise OpenAIError("prompt: must not be empty", param="prompt")
     budget = new_token_budget(request, prompt_tokens, context)
+    if request.min_tokens > budget:
+        raise OpenAIError(f"min_tokens is {request.min_tokens}, more than the {budget} tokens this request may generate",
+                          param="min_tokens")
     eos = model.generation_config.eos_token_id
     eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
     stops = StopSequences(request.stop)
@@ -119,7 +122,7 @@ def generate(model: Any, tokenizer: Any, tokenizer_lock: threading.Lock, context
     sink.started(prompt_tokens)
     with torch.inference_mode():
         model.generate(
-            **{k: v.to(device) for k, v in encoded.items()}, max_new_tokens=budget,
+            **{k: v.to(device) for k, v in encoded.items()}, max_new_tokens=budget, min_new_tokens=request.min_tokens,
             streamer=streamer, stopping_criteria=StoppingCriteriaList([_StopWhen(sink, stops)]),
             pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(eos_ids), 0),
             **sampling,

@@ -136,7 +136,8 @@ def create_app(args: argparse.Namespace, ignored: list[str], token_delay_s: floa
                 text = word if index == 0 else " " + word
                 chunk = (openai_wire.chat_chunk(answer_id, model, {"content": text}) if chat
                          else openai_wire.completion_chunk(answer_id, model, text))
-                yield openai_wire.event(chunk | {"system_fingerprint": f"standin-{args.port}"})
+                # When the chunk left the generator (wall clock, same machine): benchmarks compare arrivals with it.
+                yield openai_wire.event(chunk | {"system_fingerprint": f"standin-{args.port}", "x_emitted_at": time.time()})
             last = (openai_wire.chat_chunk(answer_id, model, {}, "length") if chat
                     else openai_wire.completion_chunk(answer_id, model, "", "length"))
             yield openai_wire.event(last)

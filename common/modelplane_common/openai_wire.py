@@ -194,14 +194,20 @@ class EmbeddingRequest(_Lenient):
         return texts
 
 
-def parse(model: type[BaseModel], raw: bytes) -> Any:
-    """A request body as `model`; a 400 in OpenAI's shape naming the first field at fault."""
+def json_object(raw: bytes) -> dict[str, Any]:
+    """A request body as a JSON object, or a 400 in OpenAI's shape saying why not."""
     try:
         value = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise OpenAIError(f"request body is not valid JSON: {exc}") from None
     if not isinstance(value, dict):
         raise OpenAIError("request body must be a JSON object")
+    return value
+
+
+def parse(model: type[BaseModel], raw: bytes) -> Any:
+    """A request body as `model`; a 400 in OpenAI's shape naming the first field at fault."""
+    value = json_object(raw)
     try:
         return model.model_validate(value)
     except pydantic.ValidationError as exc:
@@ -219,12 +225,7 @@ class Peek:
 
 def peek(raw: bytes, prefix_chars: int = PREFIX_CHARS) -> Peek:
     """The model, `stream` and the prompt's prefix of an OpenAI request body (400 when there is no model)."""
-    try:
-        value = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise OpenAIError(f"request body is not valid JSON: {exc}") from None
-    if not isinstance(value, dict):
-        raise OpenAIError("request body must be a JSON object")
+    value = json_object(raw)
     model = value.get("model")
     if not isinstance(model, str) or not model:
         raise OpenAIError("model: a model name is required", param="model")

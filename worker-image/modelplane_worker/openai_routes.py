@@ -161,8 +161,8 @@ class OpenAIRoutes:
         try:
             raw = await http.read_body_limited(request, self.max_body_bytes)
             spec = self.manager.store.get(openai_wire.peek(raw).model)
-            check_task(spec, route)
             state = _Request(self, spec, arrived)
+            check_task(spec, route)
             worker = await state.hold(self.timeout_of(request))
             if worker.forwards_openai():
                 return await self._forward(state, worker, route, raw, request)

@@ -328,9 +328,12 @@ class _Answer:
             while True:
                 try:
                     kind, value = await self._next()
-                except errors.ModelplaneError as exc:  # the stream has started: the error is its last event
-                    self.state.code = openai_wire.body_of_error(exc)[0]
-                    yield openai_wire.event(openai_wire.body_of_error(exc)[1])
+                except Exception as exc:  # the stream has started: the error is its last event
+                    if not isinstance(exc, errors.ModelplaneError):
+                        log.error("generation on %s failed", self.model, exc_info=exc)
+                        exc = errors.ModelplaneError(f"generation on model {self.model!r} failed: {type(exc).__name__}: {exc}")
+                    self.state.code, payload = openai_wire.body_of_error(exc)
+                    yield openai_wire.event(payload)
                     break
                 if kind == "text":
                     yield self._chunk(value)

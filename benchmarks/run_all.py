@@ -21,6 +21,7 @@ BENCHMARKS: list[list[str]] = [
     ["router_overhead.py"],
     ["router_placement_density.py"],
     ["router_cold_start.py", "--real"],
+    ["llm_streaming.py"],
 ]
 
 

@@ -158,6 +158,12 @@ def example_request(model_store: Path) -> tuple[str, dict]:
     return model["id"], {"input_data": [1.0, 2.0]}
 
 
+def generative_model(model_store: Path) -> str | None:
+    """A text-generation model the store names, for the OpenAI example (None when there is none)."""
+    models = json.loads(model_store.read_text()).get("models", [])
+    return next((m["id"] for m in models if m.get("task") == "text-generation"), None)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, default=int(os.environ.get("MODELPLANE_ROUTER_PORT", "8080")))
@@ -186,6 +192,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"  curl -s {url}/models")
     print(f"  curl -s -X POST {url}/predict -H 'content-type: application/json' -d '{json.dumps({'model_id': model, **body})}'")
     print(f"  curl -s {url}/v2/models/{model}")
+    chat_model = generative_model(args.model_store)
+    if chat_model:
+        chat = {"model": chat_model, "messages": [{"role": "user", "content": "say hello"}], "temperature": 0, "stream": True}
+        print(f"  curl -sN {url}/v1/chat/completions -H 'content-type: application/json' -d '{json.dumps(chat)}'")
+        print(f"  .venv/bin/python -c 'from openai import OpenAI; print(OpenAI(base_url=\"{url}/v1\", api_key=\"-\")"
+              f".chat.completions.create(model=\"{chat_model}\", messages=[{{\"role\": \"user\", "
+              f"\"content\": \"what color is the sky?\"}}], temperature=0).choices[0].message.content)'")
     print("\nCtrl-C stops every process started here.", flush=True)
     try:
         while not stop_requested:

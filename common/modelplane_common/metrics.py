@@ -15,6 +15,12 @@ MEMORY_BUDGET_BYTES = f"{PREFIX}_memory_budget_bytes"  # gauge; labels: pod
 QUEUED_REQUESTS = f"{PREFIX}_queued_requests"          # gauge: requests waiting for room; labels: model, framework, pod
 QUEUE_WAIT_SECONDS = f"{PREFIX}_queue_wait_seconds"    # histogram; labels: model, framework, pod
 REFUSALS_TOTAL = f"{PREFIX}_refusals_total"            # 503s for lack of room; labels: model, framework, pod, reason
+# Token metrics of generative models (OpenAI routes), every framework alike; labels: model, framework, pod.
+TIME_TO_FIRST_TOKEN_SECONDS = f"{PREFIX}_time_to_first_token_seconds"        # histogram: request arrival -> first token
+TIME_PER_OUTPUT_TOKEN_SECONDS = f"{PREFIX}_time_per_output_token_seconds"    # histogram: per request, (last - first) / (tokens - 1)
+OUTPUT_TOKENS_PER_SECOND = f"{PREFIX}_output_tokens_per_second"              # histogram: per request, tokens / generation seconds
+PROMPT_TOKENS_TOTAL = f"{PREFIX}_prompt_tokens_total"                        # counter
+OUTPUT_TOKENS_TOTAL = f"{PREFIX}_output_tokens_total"                        # counter: rate() is the model's tokens per second
 ROUTER_REQUESTS_TOTAL = f"{PREFIX}_router_requests_total"      # labels: model, code
 ROUTER_REQUEST_SECONDS = f"{PREFIX}_router_request_seconds"    # labels: model
 ROUTER_PLACEMENTS_TOTAL = f"{PREFIX}_router_placements_total"  # labels: model, pod, reason

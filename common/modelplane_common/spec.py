@@ -8,6 +8,7 @@ operator's validation, so they cannot drift apart. The CRD's OpenAPI schema in
 from __future__ import annotations
 
 import enum
+import json
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -26,6 +27,7 @@ class Framework(str, enum.Enum):
     TRANSFORMERS = "transformers"
     TORCHVISION = "torchvision"
     TRITON = "triton"
+    VLLM = "vllm"
 
 
 class Task(str, enum.Enum):
@@ -33,6 +35,7 @@ class Task(str, enum.Enum):
     IMAGE_CLASSIFICATION = "image-classification"
     EMBEDDING = "embedding"
     TENSOR = "tensor"
+    TEXT_GENERATION = "text-generation"
 
 
 class Placement(str, enum.Enum):
@@ -98,6 +101,12 @@ class ModelSpec(BaseModel):
     placement: Placement = Placement.SHARED
     pinned: bool = False
     warmup: list[Any] = Field(default_factory=list)
+    # A LoRA adapter names the model it runs on (same framework): it loads into that model's engine,
+    # only where that model is loaded, and counts as a light model of its own under the budget.
+    base_model: str = Field("", alias="baseModel", max_length=253)
+    # Engine settings for frameworks that run an engine per model (vllm: gpu_memory_utilization,
+    # max_model_len, enable_lora, ...); each framework checks the keys it accepts when it loads.
+    engine_args: dict[str, str | int | float | bool] = Field(default_factory=dict, alias="engineArgs")
     labels: dict[str, str] = Field(default_factory=dict)
     description: str = ""
     owner: str = ""
@@ -123,7 +132,14 @@ class ModelSpec(BaseModel):
         """What decides the weights a copy holds: a change of any of these is a rollout (a new copy
         is loaded and takes over from the old one); other fields (memory, replicas, labels...) apply
         to the copy in place."""
-        return (self.framework.value, self.task.value, self.source, self.version)
+        return (self.framework.value, self.task.value, self.source, self.version, self.base_model,
+                json.dumps(self.engine_args, sort_keys=True, default=str))
+
+    @model_validator(mode="after")
+    def _not_its_own_base(self) -> "ModelSpec":
+        if self.base_model and self.base_model == self.id:
+            raise ValueError(f"model {self.id!r} cannot be its own baseModel")
+        return self
 
     @classmethod
     def from_served_model(cls, body: dict[str, Any]) -> "ModelSpec":

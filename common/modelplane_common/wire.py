@@ -106,6 +106,7 @@ class CatalogEntry(BaseModel):
     type: str = ""
     version: str = ""
     description: str = ""
+    base_model: str = ""  # a LoRA adapter: the model it runs on (routed to where that model is loaded)
 
     def metadata(self) -> ModelMetadata:
         return ModelMetadata(id=self.id, name=self.name or self.id, type=self.type, framework=self.framework,

@@ -21,6 +21,7 @@ from modelplane_common import errors, wire
 from modelplane_common.http import error_body, install_error_handler
 from modelplane_common.wire import CopyState
 from modelplane_router.inference_asgi import InferenceRoutes, metric_label
+from modelplane_router.openai_asgi import OpenAIRoutes
 from modelplane_router.service import RouterService
 from modelplane_router.upstream import PASSED_RESPONSE_HEADERS, UpstreamResponse
 
@@ -62,8 +63,9 @@ def models_report(service: RouterService) -> wire.RouterModelsResponse:
     return wire.RouterModelsResponse(available_models=available, loaded_models=loaded, copies=copies)
 
 
-def create_app(service: RouterService, admin_token: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> InferenceRoutes:
-    """The gateway: the inference routes in plain ASGI (inference_asgi.py) in front of a FastAPI app for the rest."""
+def create_app(service: RouterService, admin_token: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> OpenAIRoutes:
+    """The gateway: the inference routes in plain ASGI (openai_asgi.py, inference_asgi.py) in front of a
+    FastAPI app for the rest."""
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await service.start()
@@ -158,4 +160,4 @@ def create_app(service: RouterService, admin_token: str | None = None, max_body_
         metrics.pods.set(len(service.model_map.pods()))
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    return InferenceRoutes(app, router, metrics, max_body_bytes)
+    return OpenAIRoutes(InferenceRoutes(app, router, metrics, max_body_bytes), service, max_body_bytes)

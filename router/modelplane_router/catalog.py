@@ -20,6 +20,14 @@ class ModelCatalog:
         for entry in entries:
             self._entries[entry.id] = entry
 
+    def entries(self) -> list[CatalogEntry]:
+        return list(self._entries.values())
+
+    def base_of(self, model: str) -> str:
+        """The base model a LoRA adapter runs on; "" for any other model."""
+        entry = self._entries.get(model)
+        return entry.base_model if entry is not None else ""
+
     def metadata(self, model: str) -> ModelMetadata:
         """A model's metadata from a worker's catalog; its id alone when no catalog lists it
         (a copy still loaded after its ServedModel went)."""

@@ -27,12 +27,12 @@ from typing import Awaitable, Callable, Mapping
 from modelplane_common import errors
 from modelplane_common.quantity import format_bytes
 from modelplane_common.wire import TIMEOUT_HEADER
-from modelplane_router import placement
+from modelplane_router import placement, prefix_routing
 from modelplane_router.model_map import ModelMap
 from modelplane_router.replication import Action, ModelLimits, ReplicationPolicy
 from modelplane_router.status_sync import StatusSync
 from modelplane_router.telemetry import RouterMetrics
-from modelplane_router.upstream import PodUnreachable, UpstreamResponse, WorkerClient, WorkerError
+from modelplane_router.upstream import PodUnreachable, UpstreamResponse, UpstreamStream, WorkerClient, WorkerError
 
 POST_LOAD_SETTLE_S = 10.0
 FIRST_RETRY_S = 2.0  # back-off after a failed background load (minimum copies, hot copy), doubling
@@ -298,6 +298,91 @@ class Router:
             log.warning("worker %s answered %s for %s", url, response.status_code, model)
             self.model_map.mark_copy_failed(url, model)
         return response
+
+    # --- streaming (OpenAI routes) -----------------------------------------------------------
+
+    async def open_stream(self, model: str, method: str, path: str, body: bytes, headers: Mapping[str, str],
+                          prefix: str = "", base: str = "") -> UpstreamStream:
+        """``forward`` for answers that stream: the same targets, but the answer is returned as soon as
+        it starts, for the caller to pass on chunk by chunk and close (the copy counts the request in
+        flight until then). Among ready copies, a non-empty prompt `prefix` picks the copy that has
+        it cached while that copy has room (prefix_routing). A LoRA adapter (`base`: its base model)
+        with no copy goes where its base is loaded. A pod that fails, or answers 5xx, before its
+        answer starts costs one retry elsewhere; once an answer streams, it is the answer."""
+        deadline = self.deadline(headers)
+        tried: list[str] = []
+        refused: UpstreamStream | None = None
+        for attempt in range(2):
+            target = self._stream_target(model, tried, prefix, base)
+            if target is None:
+                break
+            url, loads = target
+            if attempt == 0:
+                self.policy.record_request(model)
+            else:
+                self.metrics.retries.labels(model).inc()
+            answer = await self._open(url, model, method, path, body, headers, deadline, loads)
+            if answer is not None and answer.status_code < 500:
+                if refused is not None:
+                    refused.close()
+                return answer
+            if answer is not None:
+                if refused is not None:
+                    refused.close()
+                refused = answer
+            tried.append(url)
+            if self.time_left(deadline) <= 0:
+                break
+        if refused is not None:
+            return refused  # a 5xx with no other copy to try: the worker's answer stands
+        raise errors.BackendUnavailable(f"no ready copy of {model!r} answered", self.retry_after_s)
+
+    def _stream_target(self, model: str, tried: list[str], prefix: str, base: str) -> tuple[str, tuple[str, ...]] | None:
+        """(url, models this request loads there); None: nowhere left to try."""
+        ready = [u for u in self.model_map.ready_copies(model) if u not in tried]
+        if ready:
+            if prefix:
+                return prefix_routing.choose(prefix, ready, lambda u: self.model_map.inflight(u, model)), ()
+            return self.choose_copy(model, ready), ()
+        if base and not [u for u in self.model_map.loading_copies(model) if u not in tried]:
+            capable = {p.url for p in self.model_map.pods_with_catalog(model) if self.eligible(model, p.url)}
+            with_base = [u for u in self.model_map.ready_copies(base) if u in capable and u not in tried]
+            if with_base:  # an adapter loads in moments where its base is: no placement of its own
+                url = prefix_routing.choose(prefix, with_base, lambda u: self.model_map.inflight(u, base))
+                self.model_map.reserve_load(url, model, self.model_map.estimated_bytes(model))
+                return url, (model,)
+        target = self._target(model, tried, load=True)
+        if target is None:
+            return None
+        url, cold = target
+        return url, (model,) if cold else ()
+
+    async def _open(self, url: str, model: str, method: str, path: str, body: bytes, headers: Mapping[str, str],
+                    deadline: float, loads: tuple[str, ...]) -> UpstreamStream | None:
+        """One attempt; None if the pod did not answer. In flight on the copy until the answer is closed."""
+        self.model_map.begin_request(url, model)
+        left = self.time_left(deadline)
+        answer: UpstreamStream | None = None
+        try:
+            answer = await self.client.open(url, method, path, body, {**headers, TIMEOUT_HEADER: f"{max(left, 0.001):.3f}"},
+                                            timeout_s=left + 0.5, idle_timeout_s=self.request_timeout_s)
+        except PodUnreachable as exc:
+            log.warning("%s", exc)
+            await self.sync.refresh(url)
+            return None
+        finally:
+            for loaded in loads:
+                if answer is not None and answer.status_code == 200:
+                    self.model_map.record_loaded(url, loaded, self.model_map.estimated_bytes(loaded))
+                else:
+                    self.model_map.release_load(url, loaded)
+            if answer is None:
+                self.model_map.end_request(url, model)
+        answer.on_close(lambda: self.model_map.end_request(url, model))
+        if answer.status_code >= 500:
+            log.warning("worker %s answered %s for %s", url, answer.status_code, model)
+            self.model_map.mark_copy_failed(url, model)
+        return answer
 
     # --- admin ------------------------------------------------------------------------------
 

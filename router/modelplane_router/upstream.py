@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-from typing import Any, Mapping
+from typing import Any, AsyncIterator, Callable, Mapping
 
 import aiohttp
 
@@ -53,6 +53,48 @@ class UpstreamResponse:
     @property
     def text(self) -> str:
         return self.content.decode(errors="replace")
+
+
+class UpstreamStream:
+    """A worker's answer whose body is still arriving (server-sent events): passed on chunk by chunk
+    as each arrives, never read whole. ``close`` gives the connection back (or drops it when the
+    body was not read to its end, so the worker sees the client leave) and runs ``on_close``."""
+
+    def __init__(self, response: aiohttp.ClientResponse, url: str) -> None:
+        self.status_code = response.status
+        self.headers: Mapping[str, str] = dict(response.headers)
+        self.url = url
+        self._response = response
+        self._on_close: list[Callable[[], None]] = []
+        self._closed = False
+
+    def on_close(self, callback: Callable[[], None]) -> None:
+        self._on_close.append(callback)
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """The body as it arrives; a worker that goes away mid-answer ends it early."""
+        try:
+            async for chunk in self._response.content.iter_any():
+                yield chunk
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.TimeoutError, OSError):
+            return  # the answer already started: nothing else can be sent instead
+
+    async def read(self) -> bytes:
+        try:
+            return await self._response.read()
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.TimeoutError, OSError):
+            return b""
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._response.content.at_eof():
+            self._response.release()
+        else:
+            self._response.close()  # not read to the end: drop the connection, the worker stops generating
+        for callback in self._on_close:
+            callback()
 
 
 def error_message(response: UpstreamResponse) -> str:
@@ -124,6 +166,23 @@ class WorkerClient:
         response = await self._send(url, "POST", f"/v2/repository/models/{model}/unload", self.load_timeout)
         if response.status_code >= 400 and response.status_code != 404:
             raise WorkerError(response.status_code, f"unloading {model!r} on {url} failed: {error_message(response)}", response.headers)
+
+    async def open(self, url: str, method: str, path: str, body: bytes, headers: Mapping[str, str],
+                   timeout_s: float, idle_timeout_s: float) -> UpstreamStream:
+        """Send a client's request as it is and return as soon as the worker's answer starts: within
+        `timeout_s` for the status and headers, then at most `idle_timeout_s` between two chunks."""
+        passed = {k: v for k, v in headers.items() if k.lower() in PASSED_REQUEST_HEADERS}
+        timeout = aiohttp.ClientTimeout(total=None, sock_read=idle_timeout_s)
+        try:
+            response = await asyncio.wait_for(
+                self._http().request(method, url + path, data=body or None, headers=passed, timeout=timeout,
+                                     allow_redirects=False),
+                max(timeout_s, 0.001))
+        except asyncio.TimeoutError as exc:
+            raise errors.UpstreamTimeout(f"worker {url} did not start answering {method} {path} within {timeout_s:.1f}s") from exc
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError) as exc:
+            raise PodUnreachable(url, exc) from exc
+        return UpstreamStream(response, url)
 
     async def forward(self, url: str, method: str, path: str, body: bytes, headers: Mapping[str, str],
                       timeout_s: float | None = None) -> UpstreamResponse:

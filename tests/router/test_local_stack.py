@@ -8,6 +8,9 @@ tritonserver), and checks that stopping the stack ends every process.
 from __future__ import annotations
 
 import os
+import re
+import subprocess
+import sys
 
 import httpx
 import numpy as np
@@ -108,3 +111,13 @@ def test_tritonclient_infers_a_triton_model_through_the_router(stack):
     worker = next(w for w in stack.workers if w.name == holder)
     index = httpx.post(f"{worker.url}/v2/repository/index", timeout=10).json()
     assert {"name": "iris", "state": "READY"}.items() <= next(e for e in index if e["name"] == "iris").items()
+
+
+def test_the_readmes_openai_example_runs_against_the_local_stack(stack):
+    """The README's `openai` client example, run as written (the stack's port in place of 8080)."""
+    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    (example,) = [block for block in blocks if "OpenAI(" in block]
+    code = example.replace("http://127.0.0.1:8080", stack.router.url)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["the sky is blue.", "hello! how can i help you today?"]

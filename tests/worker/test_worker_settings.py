@@ -26,6 +26,9 @@ def test_every_option_can_come_from_the_environment() -> None:
         "MODELPLANE_SOURCE_ROOTS": "models=/mnt/models,extra=/mnt/extra",
         "MODELPLANE_MIN_RESIDENCY_S": "2.5",
         "MODELPLANE_FAILED_LOAD_BACKOFF_S": "0.5",
+        "MODELPLANE_VLLM_COMMAND": "/opt/vllm/bin/python -m vllm.entrypoints.openai.api_server",
+        "MODELPLANE_VLLM_DEVICE_MEMORY": "80Gi",
+        "MODELPLANE_VLLM_START_TIMEOUT_S": "900",
     }
     settings = main.parse_settings([], env)
     assert settings == main.Settings(
@@ -33,6 +36,8 @@ def test_every_option_can_come_from_the_environment() -> None:
         triton_url="127.0.0.1:8000", triton_repository=Path("/models"), pod_name="pod-7", pinned=("a", "b"),
         max_body_bytes=2**20, source_roots={"models": Path("/mnt/models"), "extra": Path("/mnt/extra")},
         min_residency_s=2.5, failed_load_backoff_s=0.5,
+        vllm_command=("/opt/vllm/bin/python", "-m", "vllm.entrypoints.openai.api_server"),
+        vllm_device_memory=80 * 2**30, vllm_start_timeout_s=900.0,
     )
 
 

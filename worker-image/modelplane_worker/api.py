@@ -40,7 +40,7 @@ from fastapi.responses import JSONResponse
 
 from modelplane_common import errors, http, wire
 from modelplane_common.spec import ModelSpec
-from modelplane_worker import codec
+from modelplane_worker import codec, openai_routes
 from modelplane_worker.backends import Backends
 from modelplane_worker.dataplane import DataPlane
 from modelplane_worker.manager import ModelManager, RequestTiming
@@ -219,6 +219,9 @@ def create_app(
     async def prometheus_metrics() -> Response:
         return Response(metrics.exposition(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
+    # ----- OpenAI-compatible API (openai_routes.py) --------------------------
+    openai_routes.install(app, manager, metrics, max_body_bytes=max_body_bytes, timeout_of=timeout_of)
+
     return app
 
 
@@ -343,7 +346,8 @@ def copies(manager: ModelManager) -> list[wire.ModelCopy]:
 
 def catalog_entry(spec: ModelSpec, manager: ModelManager) -> wire.CatalogEntry:
     return wire.CatalogEntry(id=spec.id, framework=spec.framework.value, memory_bytes=manager.known_size(spec),
-                             name=spec.name, type=spec.task.value, version=spec.version, description=spec.description)
+                             name=spec.name, type=spec.task.value, version=spec.version, description=spec.description,
+                             base_model=spec.base_model)
 
 
 def models_report(manager: ModelManager) -> wire.ModelsResponse:

@@ -29,6 +29,7 @@ BUILTIN_MODULES: dict[str, str] = {
     "transformers": "modelplane_worker.frameworks.transformers_worker",
     "torchvision": "modelplane_worker.frameworks.torchvision_worker",
     "triton": "modelplane_worker.frameworks.triton_worker",
+    "vllm": "modelplane_worker.frameworks.vllm_worker",
 }
 
 W = TypeVar("W", bound=type[FrameworkWorker])

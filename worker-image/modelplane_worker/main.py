@@ -27,6 +27,7 @@ from modelplane_worker.manager import ModelManager
 from modelplane_worker.metrics import WorkerMetrics
 from modelplane_worker.store import JsonModelStore, ModelStore
 from modelplane_worker.triton_backend import TritonBackend
+from modelplane_worker.vllm_engines import DEFAULT_START_TIMEOUT_S, VllmEngines
 
 log = logging.getLogger("modelplane_worker")
 
@@ -50,6 +51,9 @@ class Settings:
     max_queue: int = DEFAULT_MAX_QUEUE
     admission_control: bool = True
     inference_threads: int | None = None  # None: one per available core
+    vllm_command: tuple[str, ...] = ()  # empty: vLLM's own OpenAI server, when vllm is installed
+    vllm_device_memory: int | None = None  # None: the first GPU's memory
+    vllm_start_timeout_s: float = DEFAULT_START_TIMEOUT_S
     log_level: str = "info"
 
 
@@ -72,6 +76,9 @@ ENVIRONMENT = {
     "max_queue": "MODELPLANE_MAX_QUEUE",
     "admission_control": "MODELPLANE_ADMISSION_CONTROL",
     "inference_threads": "MODELPLANE_INFERENCE_THREADS",
+    "vllm_command": "MODELPLANE_VLLM_COMMAND",
+    "vllm_device_memory": "MODELPLANE_VLLM_DEVICE_MEMORY",
+    "vllm_start_timeout_s": "MODELPLANE_VLLM_START_TIMEOUT_S",
     "log_level": "MODELPLANE_LOG_LEVEL",
 }
 
@@ -119,6 +126,18 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         "--inference-threads", type=int, default=default("inference_threads"),
         help="inferences run at once (default: one per available core; more only contend for the GIL)",
     )
+    parser.add_argument(
+        "--vllm-command", default=default("vllm_command", ""),
+        help="what starts a vllm model's engine (default: python -m vllm.entrypoints.openai.api_server, when vllm is installed)",
+    )
+    parser.add_argument(
+        "--vllm-device-memory", default=default("vllm_device_memory"),
+        help="the memory gpu_memory_utilization is a share of (default: the first GPU's)",
+    )
+    parser.add_argument(
+        "--vllm-start-timeout-s", type=float, default=default("vllm_start_timeout_s", DEFAULT_START_TIMEOUT_S),
+        help="longest a vllm engine may take to answer /health after it starts",
+    )
     parser.add_argument("--log-level", default=default("log_level", "info"))
     return parser
 
@@ -156,6 +175,9 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
             max_queue=int(args.max_queue),
             admission_control=args.admission_control == "on",
             inference_threads=int(args.inference_threads) if args.inference_threads not in (None, "") else None,
+            vllm_command=VllmEngines.parse_command(args.vllm_command or ""),
+            vllm_device_memory=quantity.parse_bytes(args.vllm_device_memory) if args.vllm_device_memory else None,
+            vllm_start_timeout_s=float(args.vllm_start_timeout_s),
             log_level=args.log_level,
         )
     except ValueError as exc:
@@ -193,6 +215,18 @@ def default_memory_budget(device_name: str) -> int:
     return int(psutil.virtual_memory().available * 0.5)
 
 
+def device_memory(device_name: str) -> int:
+    """What vLLM's gpu_memory_utilization is a share of: the first GPU's memory (the host's on CPU,
+    where only a stand-in engine runs)."""
+    if device_name == "cuda":
+        import torch
+
+        return int(torch.cuda.get_device_properties(0).total_memory)
+    import psutil
+
+    return int(psutil.virtual_memory().total)
+
+
 def build_app(settings: Settings, store: ModelStore | None = None) -> FastAPI:
     """The whole worker: store, metrics, Triton probe, manager and API, wired together."""
     store = store or JsonModelStore(settings.model_store)
@@ -201,7 +235,9 @@ def build_app(settings: Settings, store: ModelStore | None = None) -> FastAPI:
         log.warning("pinned models not in the model store %s (yet): %s", settings.model_store, ", ".join(unknown))
     device_name = device()
     budget = settings.memory_budget or default_memory_budget(device_name)
-    backends = Backends([TritonBackend(settings.triton_url, settings.triton_repository)])
+    engines = VllmEngines(settings.vllm_command or None, settings.vllm_device_memory or device_memory(device_name),
+                          settings.vllm_start_timeout_s)
+    backends = Backends([TritonBackend(settings.triton_url, settings.triton_repository), engines])
     context = WorkerContext(
         source_roots=settings.source_roots,
         backends=backends.by_name(),

@@ -9,9 +9,13 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from modelplane_common import metrics as names
 from modelplane_common.spec import ModelSpec
+from modelplane_worker.token_meter import TokenFigures
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 _LOAD_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+_TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1)
+_TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+_RATE_BUCKETS = (1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500)
 UNKNOWN_MODEL = "_unknown"  # label for requests naming no model in the store (bounded cardinality)
 
 
@@ -47,6 +51,19 @@ class WorkerMetrics:
             names.REFUSALS_TOTAL, "Requests refused for lack of room (503 with Retry-After), by reason",
             [*model_labels, "reason"], registry=self.registry,
         )
+        self.time_to_first_token = Histogram(
+            names.TIME_TO_FIRST_TOKEN_SECONDS, "Seconds from a generative request's arrival to its first token",
+            model_labels, buckets=_TTFT_BUCKETS, registry=self.registry)
+        self.time_per_output_token = Histogram(
+            names.TIME_PER_OUTPUT_TOKEN_SECONDS, "Seconds between output tokens, per request (after the first)",
+            model_labels, buckets=_TOKEN_BUCKETS, registry=self.registry)
+        self.tokens_per_second = Histogram(
+            names.OUTPUT_TOKENS_PER_SECOND, "Output tokens per second of generation, per request",
+            model_labels, buckets=_RATE_BUCKETS, registry=self.registry)
+        self.prompt_tokens = Counter(names.PROMPT_TOKENS_TOTAL, "Prompt tokens of generative and embedding requests",
+                                     model_labels, registry=self.registry)
+        self.output_tokens = Counter(names.OUTPUT_TOKENS_TOTAL, "Generated tokens (rate(): tokens per second)",
+                                     model_labels, registry=self.registry)
         self.budget.labels(pod).set(memory_budget)
         self.used.labels(pod).set(0)
 
@@ -58,6 +75,18 @@ class WorkerMetrics:
         self.requests.labels(model, framework, self.pod, str(code)).inc()
         if spec is not None:
             self.request_seconds.labels(model, framework, self.pod).observe(seconds)
+
+    def tokens_finished(self, spec: ModelSpec, figures: TokenFigures) -> None:
+        """One generative (or embedding) request's token figures."""
+        labels = self._labels(spec)
+        self.prompt_tokens.labels(*labels).inc(figures.prompt_tokens)
+        self.output_tokens.labels(*labels).inc(figures.output_tokens)
+        if figures.time_to_first_token_s is not None:
+            self.time_to_first_token.labels(*labels).observe(figures.time_to_first_token_s)
+        if figures.time_per_output_token_s is not None:
+            self.time_per_output_token.labels(*labels).observe(figures.time_per_output_token_s)
+        if figures.tokens_per_second is not None:
+            self.tokens_per_second.labels(*labels).observe(figures.tokens_per_second)
 
     # ManagerObserver
     def load_finished(self, spec: ModelSpec, seconds: float, ok: bool) -> None:

@@ -154,6 +154,96 @@ def build_embedding(folder: Path) -> None:
     BertModel(_tiny_bert_config(vocab_size)).eval().save_pretrained(str(folder))
 
 
+CHAT_SPECIAL_TOKENS = ["<|pad|>", "<|begin|>", "<|end|>", "<|system|>", "<|user|>", "<|assistant|>"]
+# Each message is "<|role|>text<|end|>"; a generation prompt ends with "<|assistant|>".
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|{{ message['role'] }}|>{{ message['content'] }}<|end|>{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+CHAT_PAIRS = [
+    ("what color is the sky?", "the sky is blue."),
+    ("what color is grass?", "grass is green."),
+    ("what color is snow?", "snow is white."),
+    ("what color is the sun?", "the sun is yellow."),
+    ("what is two plus two?", "two plus two is four."),
+    ("what is one plus one?", "one plus one is two."),
+    ("what is three plus three?", "three plus three is six."),
+    ("say hello", "hello! how can i help you today?"),
+    ("hello", "hello! how can i help you today?"),
+    ("who are you?", "i am a tiny model served by modelplane."),
+    ("what do you do?", "i answer short questions, one token at a time."),
+    ("what is modelplane?", "modelplane serves many models on shared gpus."),
+    ("tell me a story", "once upon a time a small model learned to talk."),
+    ("what day comes after monday?", "tuesday comes after monday."),
+    ("what day comes after friday?", "saturday comes after friday."),
+    ("count to five", "one, two, three, four, five."),
+    ("what sound does a cat make?", "a cat says meow."),
+    ("what sound does a dog make?", "a dog says woof."),
+    ("is the earth round?", "yes, the earth is round."),
+    ("thank you", "you are welcome!"),
+]
+CHAT_SYSTEM = "you are a helpful assistant."
+CHAT_TEXTS = [
+    "once upon a time a small model learned to talk.",
+    "the quick brown fox jumps over the lazy dog.",
+    "one, two, three, four, five, six, seven, eight, nine, ten.",
+    "monday, tuesday, wednesday, thursday, friday, saturday, sunday.",
+]
+
+
+def chat_corpus() -> list[str]:
+    """Training texts: every pair as a chat (with and without a system prompt) and plain sentences."""
+    chats = []
+    for question, answer in CHAT_PAIRS:
+        turn = f"<|user|>{question}<|end|><|assistant|>{answer}<|end|>"
+        chats += [turn, f"<|system|>{CHAT_SYSTEM}<|end|>{turn}"]
+    return chats + [f"<|begin|>{text}<|end|>" for text in CHAT_TEXTS]
+
+
+def build_chat_model(folder: Path, steps: int = 100) -> None:
+    """A tiny Llama-architecture causal LM with a byte-level BPE tokenizer and a chat template,
+    trained for seconds until it repeats its few answers (greedy decoding is deterministic)."""
+    import torch
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    corpus = chat_corpus()
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(corpus, vocab_size=512, min_frequency=1, special_tokens=CHAT_SPECIAL_TOKENS,
+                            show_progress=False)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=bpe, bos_token="<|begin|>", eos_token="<|end|>", pad_token="<|pad|>",
+        additional_special_tokens=CHAT_SPECIAL_TOKENS[3:], chat_template=CHAT_TEMPLATE, model_max_length=256,
+    )
+    tokenizer.save_pretrained(str(folder))
+    ids = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in corpus]
+    width = max(len(row) for row in ids)
+    pad = tokenizer.pad_token_id
+    with _single_threaded_torch():
+        torch.manual_seed(3)
+        config = LlamaConfig(
+            vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+            num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=256,
+            bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=pad,
+            tie_word_embeddings=True,
+        )
+        model = LlamaForCausalLM(config)
+        batch = torch.tensor([row + [pad] * (width - len(row)) for row in ids])
+        mask = (batch != pad).long()
+        labels = batch.masked_fill(mask == 0, -100)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=5e-3)
+        model.train()
+        for _ in range(steps):
+            loss = model(input_ids=batch, attention_mask=mask, labels=labels).loss
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    model.eval()
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = pad
+    model.save_pretrained(str(folder))
+
+
 IMAGE_SIZE = 64
 IMAGE_MEAN = [0.485, 0.456, 0.406]
 IMAGE_STD = [0.229, 0.224, 0.225]
@@ -294,6 +384,10 @@ SAMPLES: list[Sample] = [
     Sample("colors", "torchvision", "image-classification", "vision",
            "MobileNetV2 image classifier for five solid colours: red, green, blue, black, white.",
            build_image_classifier),
+    Sample("tiny-chat", "transformers", "text-generation", "nlp",
+           "Tiny Llama-architecture chat model (2 layers, hidden 128, byte-level BPE, a chat template) trained for "
+           "seconds on twenty question/answer pairs: a real causal LM for the OpenAI API, not a useful one.",
+           build_chat_model),
     Sample("iris", "triton", "tensor", "tabular",
            "Triton Python-backend iris classifier: measurements [-1,4] -> species_probabilities [-1,3].", build_iris),
 ]

@@ -9,11 +9,15 @@ from __future__ import annotations
 import abc
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Mapping
+from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, ClassVar, Mapping
 
 import numpy as np
 
+from modelplane_common import errors
 from modelplane_common.spec import ModelSpec
+
+if TYPE_CHECKING:
+    from modelplane_worker.generation import GenerationRequest, GenerationResult, TokenSink
 
 
 @dataclass(frozen=True)
@@ -34,6 +38,17 @@ class ForwardedResponse:
     status: int
     headers: dict[str, str]
     body: bytes
+
+
+@dataclass(frozen=True)
+class StreamedResponse:
+    """An engine's answer to an OpenAI request, still arriving: status and headers now, the body as
+    it comes (server-sent events pass through one by one). `close` gives the connection back."""
+
+    status: int
+    headers: dict[str, str]
+    chunks: AsyncIterator[bytes]
+    close: Callable[[], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -108,6 +123,27 @@ class FrameworkWorker(abc.ABC):
         here (or not now), so the caller decodes the body and calls ``infer``. Runs on the event
         loop: it must not block. Workers that override it are asked before the body is decoded."""
         return None
+
+    def generate(self, request: "GenerationRequest", sink: "TokenSink") -> "GenerationResult":
+        """Optional (``text-generation`` models run in this process): generate on the calling thread,
+        handing tokens to `sink` as they exist (see generation.py). Raise BadInput before
+        ``sink.started`` for a prompt the model cannot take."""
+        raise errors.BadInput(f"model {self.spec.id!r} ({self.framework}) does not generate text")
+
+    def embed(self, texts: list[str]) -> tuple[list[list[float]], int]:
+        """Optional (``embedding`` models): one vector per text, and the prompt tokens they took."""
+        raise errors.BadInput(f"model {self.spec.id!r} ({self.framework}) does not embed text")
+
+    async def open_openai(self, path: str, body: bytes, headers: Mapping[str, str]) -> StreamedResponse | None:
+        """Optional: send an OpenAI request (``/v1/...``) to an engine that speaks the OpenAI API itself
+        (vLLM) and return its answer as it arrives, untouched. None: not supported here, so the
+        worker generates or embeds in process. Runs on the event loop: it must not block."""
+        return None
+
+    @classmethod
+    def forwards_openai(cls) -> bool:
+        """Whether this framework overrides ``open_openai`` (its engine answers OpenAI requests itself)."""
+        return cls.open_openai is not FrameworkWorker.open_openai
 
     @classmethod
     def forwards_infer(cls) -> bool:

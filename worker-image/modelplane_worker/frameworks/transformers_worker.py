@@ -1,9 +1,10 @@
 """Hugging Face transformers models saved with ``save_pretrained``, run in the worker's process.
 
-Two tasks: ``text-classification`` (softmax probabilities named by the
-model's own ``config.id2label``) and ``embedding`` (mean pooling over the
-tokens, L2-normalised). Files come from the model's source folder only; the
-hub is never asked.
+Three tasks: ``text-classification`` (softmax probabilities named by the
+model's own ``config.id2label``), ``embedding`` (mean pooling over the
+tokens, L2-normalised) and ``text-generation`` (a causal LM: streamed
+generation with the model's chat template, transformers_generation.py).
+Files come from the model's source folder only; the hub is never asked.
 """
 from __future__ import annotations
 
@@ -18,15 +19,19 @@ import numpy as np
 from modelplane_common import errors
 from modelplane_common.spec import Task
 from modelplane_worker import engine, memory
-from modelplane_worker.frameworks import sources, torch_common
+from modelplane_worker.frameworks import sources, torch_common, transformers_generation
 from modelplane_worker.frameworks.base import FrameworkWorker, TensorSpec
+from modelplane_worker.generation import GenerationRequest, GenerationResult, TokenSink
 
 log = logging.getLogger(__name__)
 
 TEXT_INPUT = "text"
 PROBABILITIES_OUTPUT = "probabilities"
 EMBEDDING_OUTPUT = "embedding"
-SUPPORTED_TASKS = (Task.TEXT_CLASSIFICATION, Task.EMBEDDING)
+GENERATED_OUTPUT = "text_output"
+SUPPORTED_TASKS = (Task.TEXT_CLASSIFICATION, Task.EMBEDDING, Task.TEXT_GENERATION)
+# /predict and OIP infer on a text-generation model: a greedy continuation of this many tokens at most.
+PREDICT_MAX_TOKENS = 32
 
 
 @engine.register("transformers")
@@ -49,7 +54,9 @@ class TransformersWorker(FrameworkWorker):
     def prepare(cls) -> None:
         """Import torch and transformers' auto classes at pod start (seconds), not in the first load."""
         import torch  # noqa: F401
-        from transformers import AutoModel, AutoModelForSequenceClassification, AutoTokenizer  # noqa: F401
+        from transformers import (  # noqa: F401
+            AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer,
+        )
         from transformers.utils import logging as transformers_logging
 
         transformers_logging.disable_progress_bar()  # a server's log is no terminal
@@ -75,6 +82,8 @@ class TransformersWorker(FrameworkWorker):
         described = cls(spec, context)
         if Task(spec.task) == Task.TEXT_CLASSIFICATION:
             described._width = len(config.get("id2label") or {}) or int(config.get("num_labels", 2))
+        elif Task(spec.task) == Task.TEXT_GENERATION:
+            pass
         else:
             described._width = int(config.get("hidden_size", 0))
         return described.inputs(), described.outputs()
@@ -91,10 +100,11 @@ class TransformersWorker(FrameworkWorker):
             )
         folder = sources.resolve(self.spec.source, self.context.source_roots)
         self.prepare()
-        from transformers import AutoModel, AutoModelForSequenceClassification, AutoTokenizer
+        from transformers import AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
         self._device = torch_common.torch_device(self.context.device)
-        model_class = AutoModelForSequenceClassification if self.task == Task.TEXT_CLASSIFICATION else AutoModel
+        model_class = {Task.TEXT_CLASSIFICATION: AutoModelForSequenceClassification,
+                       Task.TEXT_GENERATION: AutoModelForCausalLM}.get(self.task, AutoModel)
         # On CPU, read the weights into our memory instead of mapping the file: the first
         # requests then do not page-fault from disk, the measured size is resident, and a
         # file replaced on the volume cannot change a loaded model. (CUDA copies anyway.)
@@ -115,6 +125,8 @@ class TransformersWorker(FrameworkWorker):
             id2label = model.config.id2label or {}
             self._width = int(model.config.num_labels)
             self._labels = [str(id2label.get(i, f"LABEL_{i}")) for i in range(self._width)]
+        elif self.task == Task.TEXT_GENERATION:
+            self._max_length = int(positions)  # the whole context: prompt and generated tokens
         else:
             self._width = int(model.config.hidden_size)
         self._bytes = memory.module_bytes(model)
@@ -145,6 +157,8 @@ class TransformersWorker(FrameworkWorker):
 
     def predict(self, input_data: Any) -> Any:
         texts = _texts_from_json(input_data)
+        if self.task == Task.TEXT_GENERATION:
+            return [{"generated_text": text} for text in self._continue(texts)]
         result = self._run(texts)
         if self.task == Task.TEXT_CLASSIFICATION:
             return torch_common.labelled_rows(result, self._labels)
@@ -155,7 +169,10 @@ class TransformersWorker(FrameworkWorker):
             raise errors.BadInput(
                 f"model {self.spec.id!r} takes exactly one input {TEXT_INPUT!r} (BYTES [N]); got {sorted(inputs)}"
             )
-        result = self._run(_texts_from_tensor(inputs[TEXT_INPUT]))
+        texts = _texts_from_tensor(inputs[TEXT_INPUT])
+        if self.task == Task.TEXT_GENERATION:
+            return {GENERATED_OUTPUT: np.array([t.encode() for t in self._continue(texts)], dtype=np.object_)}
+        result = self._run(texts)
         name = PROBABILITIES_OUTPUT if self.task == Task.TEXT_CLASSIFICATION else EMBEDDING_OUTPUT
         return {name: result}
 
@@ -163,8 +180,35 @@ class TransformersWorker(FrameworkWorker):
         return [TensorSpec(TEXT_INPUT, "BYTES", [-1])]
 
     def outputs(self) -> list[TensorSpec]:
+        if self.task == Task.TEXT_GENERATION:
+            return [TensorSpec(GENERATED_OUTPUT, "BYTES", [-1])]
         name = PROBABILITIES_OUTPUT if self.task == Task.TEXT_CLASSIFICATION else EMBEDDING_OUTPUT
         return [TensorSpec(name, "FP32", [-1, self._width or -1])]
+
+    def generate(self, request: GenerationRequest, sink: TokenSink) -> GenerationResult:
+        self._require_loaded()
+        if self.task != Task.TEXT_GENERATION:
+            raise errors.BadInput(f"model {self.spec.id!r} is a {self.task.value} model; it does not generate text")
+        return transformers_generation.generate(self._model, self._tokenizer, self._tokenizer_lock, self._max_length,
+                                                self._device, request, sink, self.spec.id)
+
+    def embed(self, texts: list[str]) -> tuple[list[list[float]], int]:
+        if self.task != Task.EMBEDDING:
+            raise errors.BadInput(f"model {self.spec.id!r} is a {self.task.value} model; it does not embed text")
+        with self._tokenizer_lock:
+            counted = self._tokenizer(texts, truncation=True, max_length=self._max_length)["input_ids"]
+        return self._run(texts).tolist(), sum(len(ids) for ids in counted)
+
+    def _continue(self, texts: list[str]) -> list[str]:
+        """A short greedy continuation of each text (the seed and OIP APIs; OpenAI's are richer)."""
+        torch_common.check_batch_size(len(texts), "input text list")
+        outputs = []
+        for text in texts:
+            sink = _Collect()
+            self.generate(GenerationRequest(prompt=text, temperature=0.0, max_tokens=PREDICT_MAX_TOKENS,
+                                            cap_to_context=True), sink)
+            outputs.append("".join(sink.parts))
+        return outputs
 
     @property
     def labels(self) -> list[str]:
@@ -181,6 +225,25 @@ class TransformersWorker(FrameworkWorker):
 
     def is_ready(self) -> bool:
         return self._model is not None
+
+
+class _Collect:
+    """A TokenSink that keeps the text (predict and infer answer whole)."""
+
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+
+    def started(self, prompt_tokens: int) -> None:
+        pass
+
+    def text(self, delta: str) -> None:
+        self.parts.append(delta)
+
+    def tokens(self, count: int) -> None:
+        pass
+
+    def cancelled(self) -> bool:
+        return False
 
 
 def _texts_from_json(input_data: Any) -> list[str]:

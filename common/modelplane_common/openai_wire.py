@@ -1,0 +1,330 @@
+"""The OpenAI-compatible API's wire shapes: routes, requests, answers, stream chunks and errors.
+
+The router, the worker and a test's stand-in engine all speak this API, so
+its shapes are defined once here. Two rules shape the module:
+
+- **Errors are OpenAI's**, not modelplane's usual ``{"detail", "error"}``:
+  ``{"error": {"message", "type", "param", "code"}}``, which the official
+  clients turn into typed exceptions (``openai.NotFoundError``...). A request
+  OpenAI would refuse as invalid is a 400 (not 422), as OpenAI and vLLM answer.
+- **Requests are read leniently and checked strictly**: unknown fields pass
+  (clients send fields that servers ignore), but the fields modelplane reads
+  are typed, so a malformed message list is a 400 naming the field. The router
+  only ``peek``s (model, stream, prompt prefix); the worker validates the rest,
+  and an engine that speaks this API itself (vLLM) validates its own bodies.
+"""
+from __future__ import annotations
+
+import array
+import base64
+import dataclasses
+import json
+import sys
+import time
+import uuid
+from typing import Any, Literal, Sequence
+
+import pydantic
+from pydantic import BaseModel, ConfigDict, Field
+
+from modelplane_common import errors
+
+MODELS = "/v1/models"
+COMPLETIONS = "/v1/completions"
+CHAT_COMPLETIONS = "/v1/chat/completions"
+EMBEDDINGS = "/v1/embeddings"
+# Routes whose answers may be a stream of server-sent events.
+GENERATION_ROUTES = (COMPLETIONS, CHAT_COMPLETIONS)
+INFERENCE_ROUTES = (COMPLETIONS, CHAT_COMPLETIONS, EMBEDDINGS)
+
+EVENT_STREAM = "text/event-stream"
+DONE_EVENT = b"data: [DONE]\n\n"
+# Characters of a prompt that prefix-aware routing keys on: prompts sharing this many leading
+# characters (a system prompt, a few-shot preamble) go to the copy that has their prefix cached.
+PREFIX_CHARS = 256
+
+ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+# ----- errors -------------------------------------------------------------------------------
+
+def error_type(status: int) -> str:
+    """OpenAI's error `type` for an HTTP status."""
+    if status == 401:
+        return "authentication_error"
+    if status == 403:
+        return "permission_error"
+    if status == 429:
+        return "rate_limit_error"
+    if status >= 500:
+        return "server_error"
+    return "invalid_request_error"
+
+
+def error_body(message: str, status: int, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+    """``{"error": {"message", "type", "param", "code"}}``: what OpenAI's clients read."""
+    return {"error": {"message": message, "type": error_type(status), "param": param, "code": code}}
+
+
+class OpenAIError(errors.ModelplaneError):
+    """A refused OpenAI request that names the field at fault (``param``) and OpenAI's ``code``."""
+
+    status_code = 400
+
+    def __init__(self, message: str, param: str | None = None, code: str | None = None, status: int = 400) -> None:
+        super().__init__(message)
+        self.param = param
+        self.code = code
+        self.status_code = status
+
+
+def body_of_error(exc: errors.ModelplaneError) -> tuple[int, dict[str, Any]]:
+    """Any modelplane error as an OpenAI answer: (status, body). A 422 (malformed request) is a 400 here."""
+    status = 400 if exc.status_code == 422 else exc.status_code
+    param = getattr(exc, "param", None)
+    code = getattr(exc, "code", None)
+    if isinstance(exc, errors.ModelNotFound) and code is None:
+        param, code = "model", "model_not_found"
+    return status, error_body(exc.message, status, param, code)
+
+
+def describe_validation_error(exc: pydantic.ValidationError) -> OpenAIError:
+    """The first problem of a request body, naming its field (``messages.0.role``) as OpenAI's ``param``."""
+    first = exc.errors()[0]
+    location = ".".join(str(part) for part in first["loc"] if not _union_tag(part))
+    message = "field required" if first["type"] == "missing" else first["msg"]
+    return OpenAIError(f"{location}: {message}" if location else message, param=location or None)
+
+
+def _union_tag(part: Any) -> bool:
+    """Pydantic names the member of a union it tried (``str``, ``list[TextPart]``): not a field."""
+    return isinstance(part, str) and (part in _TYPE_NAMES or "[" in part or part.startswith("function-")
+                                      or part[:1].isupper())
+
+
+_TYPE_NAMES = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
+
+
+# ----- requests -------------------------------------------------------------------------------
+
+class _Lenient(BaseModel):
+    """Unknown fields pass: clients send options a server may ignore."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class TextPart(_Lenient):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Lenient):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class StreamOptions(_Lenient):
+    include_usage: bool = False
+
+
+class _Sampling(_Lenient):
+    """What completions and chat completions share."""
+
+    model: str = Field(..., min_length=1)
+    max_tokens: int | None = Field(None, ge=1)
+    min_tokens: int = Field(0, ge=0)  # vLLM's extension: no end of text before this many tokens
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    n: int = Field(1, ge=1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+
+    def stop_strings(self) -> list[str]:
+        if self.stop is None:
+            return []
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop)
+        if len(stops) > 4:
+            raise OpenAIError("stop: at most 4 stop sequences", param="stop")
+        return [s for s in stops if s]
+
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | list[str]
+    echo: bool = False
+
+    def prompt_text(self) -> str:
+        if isinstance(self.prompt, str):
+            return self.prompt
+        if len(self.prompt) != 1:
+            raise OpenAIError(f"prompt: one prompt per request is supported, got {len(self.prompt)}", param="prompt")
+        return self.prompt[0]
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: list[ChatMessage] = Field(..., min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+
+    def token_limit(self) -> int | None:
+        """`max_completion_tokens` (newer clients) or `max_tokens`."""
+        return self.max_completion_tokens or self.max_tokens
+
+
+class EmbeddingRequest(_Lenient):
+    model: str = Field(..., min_length=1)
+    input: str | list[str]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(None, ge=1)
+
+    def texts(self) -> list[str]:
+        texts = [self.input] if isinstance(self.input, str) else list(self.input)
+        if not texts:
+            raise OpenAIError("input: must not be empty", param="input")
+        return texts
+
+
+def json_object(raw: bytes) -> dict[str, Any]:
+    """A request body as a JSON object, or a 400 in OpenAI's shape saying why not."""
+    try:
+        value = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise OpenAIError(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise OpenAIError("request body must be a JSON object")
+    return value
+
+
+def parse(model: type[BaseModel], raw: bytes) -> Any:
+    """A request body as `model`; a 400 in OpenAI's shape naming the first field at fault."""
+    value = json_object(raw)
+    try:
+        return model.model_validate(value)
+    except pydantic.ValidationError as exc:
+        raise describe_validation_error(exc) from None
+
+
+@dataclasses.dataclass(frozen=True)
+class Peek:
+    """What routing needs from a request body, read without validating the rest."""
+
+    model: str
+    stream: bool
+    prefix: str  # the prompt's first PREFIX_CHARS characters ("" for embeddings)
+
+
+def peek(raw: bytes, prefix_chars: int = PREFIX_CHARS) -> Peek:
+    """The model, `stream` and the prompt's prefix of an OpenAI request body (400 when there is no model)."""
+    value = json_object(raw)
+    model = value.get("model")
+    if not isinstance(model, str) or not model:
+        raise OpenAIError("model: a model name is required", param="model")
+    return Peek(model, value.get("stream") is True, prompt_prefix(value, prefix_chars))
+
+
+def prompt_prefix(body: dict[str, Any], chars: int = PREFIX_CHARS) -> str:
+    """The leading text a prefix cache would reuse: the messages in order (role and text), or the prompt."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return prompt[:chars]
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        return ""
+    parts: list[str] = []
+    size = 0
+    for message in messages:
+        if not isinstance(message, dict):
+            break
+        content = message.get("content")
+        if isinstance(content, list):
+            content = "".join(p.get("text", "") for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+        text = f"{message.get('role', '')}:{content if isinstance(content, str) else ''}\n"
+        parts.append(text)
+        size += len(text)
+        if size >= chars:
+            break
+    return "".join(parts)[:chars]
+
+
+# ----- answers ----------------------------------------------------------------------------------
+
+def new_id(kind: str) -> str:
+    """``cmpl-…`` or ``chatcmpl-…``: unique per answer."""
+    return f"{kind}-{uuid.uuid4().hex}"
+
+
+def now() -> int:
+    return int(time.time())
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def completion(answer_id: str, model: str, text: str, finish_reason: str | None, prompt_tokens: int,
+               completion_tokens: int) -> dict[str, Any]:
+    return {"id": answer_id, "object": "text_completion", "created": now(), "model": model,
+            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}],
+            "usage": usage(prompt_tokens, completion_tokens)}
+
+
+def completion_chunk(answer_id: str, model: str, text: str, finish_reason: str | None = None) -> dict[str, Any]:
+    return {"id": answer_id, "object": "text_completion", "created": now(), "model": model,
+            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}]}
+
+
+def chat_completion(answer_id: str, model: str, text: str, finish_reason: str | None, prompt_tokens: int,
+                    completion_tokens: int) -> dict[str, Any]:
+    return {"id": answer_id, "object": "chat.completion", "created": now(), "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                         "logprobs": None, "finish_reason": finish_reason}],
+            "usage": usage(prompt_tokens, completion_tokens)}
+
+
+def chat_chunk(answer_id: str, model: str, delta: dict[str, str], finish_reason: str | None = None) -> dict[str, Any]:
+    return {"id": answer_id, "object": "chat.completion.chunk", "created": now(), "model": model,
+            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]}
+
+
+def usage_chunk(answer_id: str, model: str, kind: str, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+    """The last chunk when ``stream_options.include_usage`` asked for it: no choices, only usage."""
+    return {"id": answer_id, "object": kind, "created": now(), "model": model, "choices": [],
+            "usage": usage(prompt_tokens, completion_tokens)}
+
+
+def embeddings(model: str, vectors: Sequence[Sequence[float]], encoding_format: str, prompt_tokens: int) -> dict[str, Any]:
+    """``/v1/embeddings``: float lists, or base64 of little-endian float32 (what the official client asks for)."""
+    data = []
+    for index, row in enumerate(vectors):
+        vector: Any = [float(x) for x in row]
+        if encoding_format == "base64":
+            packed = array.array("f", vector)
+            if sys.byteorder == "big":
+                packed.byteswap()
+            vector = base64.b64encode(packed.tobytes()).decode()
+        data.append({"object": "embedding", "index": index, "embedding": vector})
+    return {"object": "list", "data": data, "model": model,
+            "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}}
+
+
+def model_card(model_id: str, owned_by: str = "modelplane", parent: str | None = None) -> dict[str, Any]:
+    """One entry of ``/v1/models`` (``parent``: the base model of a LoRA adapter, as vLLM lists it)."""
+    return {"id": model_id, "object": "model", "created": 0, "owned_by": owned_by, "root": model_id, "parent": parent}
+
+
+def event(payload: dict[str, Any]) -> bytes:
+    """One server-sent event carrying `payload` as JSON."""
+    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"

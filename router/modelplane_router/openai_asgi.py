@@ -1,0 +1,124 @@
+"""The OpenAI-compatible routes of the gateway, as plain ASGI: answers pass through as they arrive.
+
+``POST /v1/completions``, ``/v1/chat/completions`` and ``/v1/embeddings``
+are routed by the body's ``model`` like every other request (ready copy,
+else the copy loading it, else a placement whose pod loads it for this
+request), with the prompt's prefix steering the choice among ready copies
+(prefix_routing.py). The worker's answer is never read whole: each chunk of
+a server-sent event stream is sent on the moment it arrives (no buffering,
+no re-framing), and a client that goes away closes the worker's connection,
+so generation stops there too. ``GET /v1/models`` lists the generative and
+embedding models the workers' catalogs name. Errors are OpenAI's shape.
+Everything else goes to the next app (inference_asgi, then FastAPI).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any, Mapping
+
+from modelplane_common import errors, openai_wire
+from modelplane_common.spec import Task
+from modelplane_router.inference_asgi import ASGIApp, Receive, Scope, Send, metric_label, read_body
+from modelplane_router.service import RouterService
+from modelplane_router.upstream import PASSED_RESPONSE_HEADERS, UpstreamStream
+
+OPENAI_TASKS = (Task.TEXT_GENERATION.value, Task.EMBEDDING.value)
+# Said on every event stream, so that proxies in front of the router do not hold events back.
+STREAM_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+
+
+def _raw_headers(headers: Mapping[str, str]) -> list[tuple[bytes, bytes]]:
+    return [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+
+
+async def respond_json(send: Send, status: int, payload: Any, headers: Mapping[str, str] | None = None) -> None:
+    body = json.dumps(payload).encode()
+    raw = _raw_headers({"content-type": "application/json", **(headers or {})})
+    raw.append((b"content-length", str(len(body)).encode()))
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def wait_for_disconnect(receive: Receive) -> None:
+    """Returns when the client has gone (the request body was read before)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+class OpenAIRoutes:
+    """Serves the OpenAI routes itself and hands every other request to `app`."""
+
+    def __init__(self, app: ASGIApp, service: RouterService, max_body_bytes: int) -> None:
+        self.app = app
+        self.service = service
+        self.router = service.router
+        self.metrics = service.metrics
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            path = scope["path"]
+            if scope["method"] == "POST" and path in openai_wire.INFERENCE_ROUTES:
+                await self.serve(scope, receive, send)
+                return
+            if scope["method"] == "GET" and path == openai_wire.MODELS:
+                await respond_json(send, 200, self.models())
+                return
+        await self.app(scope, receive, send)
+
+    def models(self) -> dict[str, Any]:
+        """Every generative or embedding model some worker can serve (adapters name their base)."""
+        catalog = self.service.sync.catalog
+        cards = [openai_wire.model_card(entry.id, parent=entry.base_model or None)
+                 for entry in catalog.entries() if entry.type in OPENAI_TASKS]
+        return {"object": "list", "data": sorted(cards, key=lambda card: card["id"])}
+
+    async def serve(self, scope: Scope, receive: Receive, send: Send) -> None:
+        started = time.perf_counter()
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        model: str | None = None
+        code = 500
+        try:
+            body = await read_body(receive, headers, self.max_body_bytes)
+            request = openai_wire.peek(body)
+            model = request.model
+            base = self.service.sync.catalog.base_of(model)
+            answer = await self.router.open_stream(model, "POST", scope["path"], body, headers,
+                                                   prefix=request.prefix, base=base)
+        except errors.ModelplaneError as exc:
+            code, payload = openai_wire.body_of_error(exc)
+            await respond_json(send, code, payload, exc.headers)
+            self._record(model, code, started)
+            return
+        code = answer.status_code
+        try:
+            await self._pass_on(answer, receive, send)
+        finally:
+            answer.close()
+            self._record(model, code, started)
+
+    async def _pass_on(self, answer: UpstreamStream, receive: Receive, send: Send) -> None:
+        """The worker's status and headers, then each chunk as it arrives, until either side ends."""
+        passed = {k.lower(): v for k, v in answer.headers.items() if k.lower() in PASSED_RESPONSE_HEADERS}
+        if passed.get("content-type", "").startswith(openai_wire.EVENT_STREAM):
+            passed.update(STREAM_HEADERS)
+        await send({"type": "http.response.start", "status": answer.status_code, "headers": _raw_headers(passed)})
+        gone = asyncio.ensure_future(wait_for_disconnect(receive))
+        gone.add_done_callback(lambda _: answer.close())  # drops the worker's connection: it stops generating
+        try:
+            async for chunk in answer.chunks():
+                if gone.done():
+                    return
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            gone.cancel()
+
+    def _record(self, model: str | None, code: int, started: float) -> None:
+        if model is None:
+            return
+        label = metric_label(self.router, model)
+        self.metrics.requests.labels(label, str(code)).inc()
+        self.metrics.latency.labels(label).observe(time.perf_counter() - started)

@@ -1,0 +1,188 @@
+"""A STAND-IN for vLLM's OpenAI server, for tests and benchmarks on machines without a GPU. Not vLLM.
+
+It takes the command line the worker gives a real engine (``--model``,
+``--served-model-name``, ``--port``, ``--gpu-memory-utilization``,
+``--enable-lora``, ``--max-loras``, ``--max-model-len``...; other flags are
+accepted and ignored) and answers the parts of vLLM's HTTP API that
+modelplane uses: ``/health``, ``/v1/models``, completions and chat
+completions (streamed or whole), and runtime LoRA loading
+(``/v1/load_lora_adapter``, ``/v1/unload_lora_adapter``, refused unless
+``--enable-lora`` and ``VLLM_ALLOW_RUNTIME_LORA_UPDATING`` are set, as vLLM
+refuses them). It loads no weights: its "tokens" are the words of a fixed
+text, produced ``--standin-token-delay-s`` seconds apart (a paced
+generator whose gaps a benchmark can compare), prefixed with the LoRA
+adapter's name when one is asked for. ``GET /standin/state`` says how it was
+started, what it holds and how many requests each prompt prefix brought.
+
+What it proves: the worker's process management (start, health, stop by
+pid), its flags and memory share, forwarding and streaming untouched, LoRA
+bookkeeping and routing. What it cannot prove: anything about vLLM itself
+(batching, KV cache, its memory use, its real flags on a given version).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+
+from modelplane_common import openai_wire
+
+WORDS = "the engine streams one word at a time so that every gap between two chunks can be measured".split()
+
+
+def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", required=True)
+    p.add_argument("--served-model-name", default=None)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument("--enable-lora", action="store_true")
+    p.add_argument("--max-loras", type=int, default=1)
+    # The stand-in's own flags (a test puts them in the worker's --vllm-command):
+    p.add_argument("--standin-token-delay-s", type=float, default=0.005, help="seconds between two tokens")
+    p.add_argument("--standin-start-delay-s", type=float, default=0.0, help="a slow start (weights, CUDA graphs)")
+    p.add_argument("--standin-fail-start", default="", help="exit at once with this message (a model vLLM cannot load)")
+    return p.parse_known_args(argv)
+
+
+def vllm_error(message: str, status: int = 400) -> JSONResponse:
+    return JSONResponse(openai_wire.error_body(message, status), status_code=status)
+
+
+def create_app(args: argparse.Namespace, ignored: list[str], token_delay_s: float) -> FastAPI:
+    app = FastAPI()
+    served = args.served_model_name or args.model
+    loras: dict[str, str] = {}
+    by_prefix: collections.Counter[str] = collections.Counter()
+    requests = collections.Counter()
+
+    @app.get("/health")
+    async def health() -> Response:
+        return Response(status_code=200)
+
+    @app.get("/standin/state")
+    async def state() -> dict[str, Any]:
+        return {"pid": os.getpid(), "served": served, "model": args.model, "loras": sorted(loras),
+                "gpu_memory_utilization": args.gpu_memory_utilization, "enable_lora": args.enable_lora,
+                "max_model_len": args.max_model_len, "ignored_flags": ignored, "requests": dict(requests),
+                "prefixes": dict(by_prefix)}
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        cards = [openai_wire.model_card(served, owned_by="vllm")]
+        cards += [openai_wire.model_card(name, owned_by="vllm", parent=served) for name in sorted(loras)]
+        return {"object": "list", "data": cards}
+
+    @app.post("/v1/load_lora_adapter")
+    async def load_lora(request: Request) -> Response:
+        if not args.enable_lora or os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "").lower() not in ("1", "true"):
+            return vllm_error("LoRA is not enabled: start with --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING")
+        body = await request.json()
+        name, path = body.get("lora_name"), body.get("lora_path")
+        if name in loras:
+            return vllm_error(f"The lora adapter '{name}' has already been loaded.")
+        if not path or not Path(path).is_dir():
+            return vllm_error(f"no adapter at {path!r}", 404)
+        if len(loras) >= args.max_loras:
+            return vllm_error(f"at most {args.max_loras} LoRA adapters (--max-loras)")
+        loras[name] = path
+        return PlainTextResponse(f"Success: LoRA adapter '{name}' added successfully.")
+
+    @app.post("/v1/unload_lora_adapter")
+    async def unload_lora(request: Request) -> Response:
+        name = (await request.json()).get("lora_name")
+        if loras.pop(name, None) is None:
+            return vllm_error(f"The lora adapter '{name}' cannot be found.", 404)
+        return PlainTextResponse(f"Success: LoRA adapter '{name}' removed successfully.")
+
+    async def generate(request: Request, chat: bool) -> Response:
+        body = await request.json()
+        model = body.get("model")
+        if model != served and model not in loras:
+            return vllm_error(f"The model `{model}` does not exist.", 404)
+        prompt = openai_wire.prompt_prefix(body, 10**6)
+        prompt_tokens = max(1, len(prompt.split()))
+        max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or 16
+        if prompt_tokens + max_tokens > args.max_model_len:
+            return vllm_error(f"This model's maximum context length is {args.max_model_len} tokens. However, you "
+                              f"requested {prompt_tokens + max_tokens} tokens.")
+        requests[model] += 1
+        by_prefix[openai_wire.prompt_prefix(body)] += 1
+        words = [f"[{model}]"] if model in loras else []
+        words += [WORDS[i % len(WORDS)] for i in range(max_tokens - len(words))]
+        kind = "chatcmpl" if chat else "cmpl"
+        answer_id = openai_wire.new_id(kind)
+        if not body.get("stream"):
+            await asyncio.sleep(token_delay_s * len(words))
+            build = openai_wire.chat_completion if chat else openai_wire.completion
+            return JSONResponse(build(answer_id, model, " ".join(words), "length", prompt_tokens, len(words))
+                                | {"system_fingerprint": f"standin-{args.port}"})
+
+        async def events() -> AsyncIterator[bytes]:
+            for index, word in enumerate(words):
+                await asyncio.sleep(token_delay_s)
+                text = word if index == 0 else " " + word
+                chunk = (openai_wire.chat_chunk(answer_id, model, {"content": text}) if chat
+                         else openai_wire.completion_chunk(answer_id, model, text))
+                # When the chunk left the generator (wall clock, same machine): benchmarks compare arrivals with it.
+                yield openai_wire.event(chunk | {"system_fingerprint": f"standin-{args.port}", "x_emitted_at": time.time()})
+            last = (openai_wire.chat_chunk(answer_id, model, {}, "length") if chat
+                    else openai_wire.completion_chunk(answer_id, model, "", "length"))
+            yield openai_wire.event(last)
+            if (body.get("stream_options") or {}).get("include_usage"):
+                yield openai_wire.event(openai_wire.usage_chunk(answer_id, model, last["object"], prompt_tokens, len(words)))
+            yield openai_wire.DONE_EVENT
+
+        return StreamingResponse(events(), media_type=openai_wire.EVENT_STREAM)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await generate(request, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await generate(request, chat=True)
+
+    return app
+
+
+async def exit_with_parent(parent: int) -> None:
+    """A stand-in never outlives the worker that started it (a real engine is stopped by the worker)."""
+    while os.getppid() == parent:
+        await asyncio.sleep(0.5)
+    os._exit(0)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args, ignored = parse(sys.argv[1:] if argv is None else argv)
+    if args.standin_fail_start:
+        print(f"standin: refusing to start: {args.standin_fail_start}", flush=True)
+        sys.exit(3)
+    print(f"standin vLLM engine for {args.served_model_name or args.model} on port {args.port} "
+          f"(gpu_memory_utilization {args.gpu_memory_utilization})", flush=True)
+    time.sleep(args.standin_start_delay_s)
+    app = create_app(args, ignored, args.standin_token_delay_s)
+    parent = os.getppid()
+
+    async def serve() -> None:
+        watcher = asyncio.get_running_loop().create_task(exit_with_parent(parent))
+        await uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning")).serve()
+        watcher.cancel()
+
+    asyncio.run(serve())
+
+
+if __name__ == "__main__":
+    main()

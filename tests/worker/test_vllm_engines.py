@@ -1,0 +1,210 @@
+"""vllm models: one engine process per model, started by its load and stopped by its unload or eviction.
+
+The engines here are the test-only stand-in (modelplane_testing/standin_vllm.py),
+started through the worker's ``--vllm-command`` exactly as vLLM's server
+would be: what is proven is the worker's side (processes, flags, memory
+shares, LoRA bookkeeping, forwarding), not vLLM itself.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+import openai
+import psutil
+import pytest
+
+from modelplane_testing.polling import wait_for
+from modelplane_testing.processes import REPO
+from modelplane_testing.worker_server import worker_process
+
+sys.path.insert(0, str(REPO / "scripts"))
+import local_stack  # noqa: E402
+
+STANDIN = REPO / "tests" / "modelplane_testing" / "standin_vllm.py"
+MiB = 2**20
+ADAPTER_BYTES = 3 * MiB
+
+
+def standin_command(*flags: str) -> str:
+    return " ".join([sys.executable, str(STANDIN), *flags])
+
+
+def write_store(folder: Path, models: list[dict]) -> Path:
+    for model in models:
+        path = folder / model["id"]
+        path.mkdir(parents=True, exist_ok=True)
+        (path / "config.json").write_text("{}")
+        if model.get("baseModel"):
+            (path / "adapter_config.json").write_text(json.dumps({"r": 8}))
+            (path / "adapter_model.safetensors").write_bytes(b"\0" * ADAPTER_BYTES)
+        model.setdefault("framework", "vllm")
+        model.setdefault("task", "text-generation")
+        model["source"] = f"file://{path}"
+    store = folder / "model-store.json"
+    store.write_text(json.dumps({"models": models}))
+    return store
+
+
+MODELS = [
+    {"id": "llm", "memory": "256Mi", "engineArgs": {"enable_lora": True, "max_loras": 2, "max_model_len": 512}},
+    {"id": "llm-sql", "baseModel": "llm"},
+    {"id": "other", "memory": "256Mi"},
+    {"id": "third", "engineArgs": {"gpu_memory_utilization": 0.25}},
+    {"id": "greedy", "memory": "256Mi", "engineArgs": {"trust_remote_code": True}},
+    {"id": "unsized"},
+]
+
+
+@pytest.fixture(scope="module")
+def worker(tmp_path_factory) -> Iterator[local_stack.Process]:
+    folder = tmp_path_factory.mktemp("vllm")
+    store = write_store(folder, [dict(m) for m in MODELS])
+    process = local_stack.start_worker(
+        "vllm-pod", store, folder / "logs", "600Mi",
+        extra_args=["--vllm-command", standin_command(), "--vllm-device-memory", "1Gi", "--min-residency-s", "0",
+                    "--admission-control", "off", "--failed-load-backoff-s", "0"])
+    try:
+        local_stack.wait_http(process, "/v2/health/ready", 90)
+        yield process
+    except BaseException:
+        print(process.log_tail(80), file=sys.stderr)
+        raise
+    finally:
+        process.stop()
+
+
+def engines(worker: local_stack.Process) -> dict[str, psutil.Process]:
+    """The worker's live engine processes by the model they serve."""
+    found = {}
+    for child in psutil.Process(worker.pid).children(recursive=True):
+        try:
+            argv = child.cmdline()
+        except psutil.NoSuchProcess:
+            continue
+        if str(STANDIN) in argv and child.is_running() and child.status() != psutil.STATUS_ZOMBIE:
+            found[argv[argv.index("--served-model-name") + 1]] = child
+    return found
+
+
+def engine_state(process: psutil.Process) -> dict:
+    argv = process.cmdline()
+    return httpx.get(f"http://127.0.0.1:{argv[argv.index('--port') + 1]}/standin/state", timeout=5).json()
+
+
+def copies(worker: local_stack.Process) -> dict[str, dict]:
+    return {c["id"]: c for c in httpx.get(f"{worker.url}/status", timeout=5).json()["models"]}
+
+
+def unload(worker: local_stack.Process, model: str) -> None:
+    assert httpx.post(f"{worker.url}/v2/repository/models/{model}/unload", timeout=60).status_code == 200
+
+
+@pytest.fixture
+def client(worker):
+    with openai.OpenAI(base_url=f"{worker.url}/v1", api_key="unused", max_retries=0, timeout=60) as client:
+        yield client
+    for model, copy in copies(worker).items():
+        if copy["state"] == "READY":
+            unload(worker, model)
+
+
+def ask(client: openai.OpenAI, model: str) -> str:
+    answer = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+    return answer.choices[0].message.content
+
+
+def test_a_model_is_an_engine_process_started_by_its_load_and_stopped_by_its_unload(worker, client) -> None:
+    assert ask(client, "llm") == "the engine streams one"
+    (engine,) = engines(worker).values()
+    state = engine_state(engine)
+    assert state["served"] == "llm" and state["gpu_memory_utilization"] == 0.25  # 256Mi of a 1Gi device
+    assert state["enable_lora"] and state["max_model_len"] == 512  # engineArgs as vLLM's flags
+    assert copies(worker)["llm"]["bytes"] == 256 * MiB  # its share of the device, not a model count
+    unload(worker, "llm")
+    assert not psutil.pid_exists(engine.pid) or engine.status() == psutil.STATUS_ZOMBIE
+    assert engines(worker) == {} and "llm" not in copies(worker)
+
+
+def test_a_share_given_as_gpu_memory_utilization_counts_as_its_bytes(worker, client) -> None:
+    ask(client, "third")
+    assert engine_state(engines(worker)["third"])["gpu_memory_utilization"] == 0.25
+    assert copies(worker)["third"]["bytes"] == 256 * MiB
+
+
+def test_a_full_budget_stops_one_engine_to_start_another(worker, client) -> None:
+    ask(client, "llm")
+    ask(client, "other")  # 512Mi of 600Mi
+    first = engines(worker)
+    ask(client, "third")  # a third share does not fit: one engine goes (the manager loads first, evicts after)
+    after = wait_for(lambda: (found if len(found := engines(worker)) == 2 else None), "one engine to stop", timeout=30)
+    assert "third" in after
+    (gone,) = set(first) - set(after)
+    assert not psutil.pid_exists(first[gone].pid) or first[gone].status() == psutil.STATUS_ZOMBIE
+    assert sum(c["bytes"] for c in copies(worker).values() if c["state"] == "READY") <= 600 * MiB
+
+
+def test_an_engine_that_dies_is_dropped_and_the_next_request_starts_another(worker, client) -> None:
+    ask(client, "other")
+    old = engines(worker)["other"]
+    os.kill(old.pid, signal.SIGKILL)  # an engine crash (the stand-in's pid, started by this worker)
+    wait_for(lambda: "other" not in copies(worker), "the worker to drop the dead engine's copy", timeout=15)
+    assert ask(client, "other") == "the engine streams one"
+    assert engines(worker)["other"].pid != old.pid
+
+
+def test_an_adapter_loads_into_its_bases_engine_and_only_while_the_base_is_loaded(worker, client) -> None:
+    assert ask(client, "llm-sql").startswith("[llm-sql]")  # the adapter answered, through the base's engine
+    (engine,) = engines(worker).values()  # no engine of its own
+    assert engine_state(engine)["loras"] == ["llm-sql"]
+    held = copies(worker)
+    assert held["llm-sql"]["bytes"] == ADAPTER_BYTES and held["llm"]["bytes"] == 256 * MiB  # a light model
+    unload(worker, "llm")
+    wait_for(lambda: "llm-sql" not in copies(worker), "the adapter to go with its base", timeout=15)
+    assert ask(client, "llm-sql").startswith("[llm-sql]")  # both come back for the next request
+    assert engine_state(engines(worker)["llm"])["loras"] == ["llm-sql"]
+
+
+def test_models_lists_adapters_with_their_base(client) -> None:
+    parents = {model.id: model.parent for model in client.models.list()}
+    assert parents["llm-sql"] == "llm" and parents["llm"] is None
+
+
+@pytest.mark.parametrize(("model", "says"), [
+    ("greedy", "trust_remote_code"),
+    ("unsized", "gpu_memory_utilization"),
+])
+def test_a_model_the_worker_cannot_start_is_a_clear_error_and_nothing_is_evicted(worker, client, model, says) -> None:
+    ask(client, "llm")
+    with pytest.raises(openai.APIStatusError) as refused:
+        ask(client, model)
+    assert refused.value.status_code == 500 and says in refused.value.body["message"]
+    assert copies(worker)["llm"]["state"] == "READY" and list(engines(worker)) == ["llm"]
+
+
+def test_an_engine_that_fails_to_start_reports_its_own_last_words(tmp_path) -> None:
+    store = write_store(tmp_path, [{"id": "llm", "memory": "256Mi"}])
+    args = ["--model-store", str(store), "--memory-budget", "1Gi", "--vllm-device-memory", "1Gi",
+            "--vllm-command", standin_command("--standin-fail-start", "'CUDA out of memory'")]
+    with worker_process(args) as url:
+        answer = httpx.post(f"{url}/v1/completions", json={"model": "llm", "prompt": "hi"}, timeout=60)
+        assert answer.status_code == 500
+        assert "CUDA out of memory" in answer.json()["error"]["message"]
+        (failed,) = httpx.get(f"{url}/status", timeout=5).json()["models"]
+        assert failed["state"] == "FAILED" and "CUDA out of memory" in failed["reason"]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
+def test_a_pod_without_vllm_refuses_vllm_models_with_a_503_saying_so(tmp_path) -> None:
+    store = write_store(tmp_path, [{"id": "llm", "memory": "256Mi"}])
+    with worker_process(["--model-store", str(store), "--memory-budget", "1Gi"]) as url:
+        assert httpx.get(f"{url}/v2/health/ready", timeout=5).status_code == 200  # the pod itself is fine
+        answer = httpx.post(f"{url}/v1/completions", json={"model": "llm", "prompt": "hi"}, timeout=60)
+        assert answer.status_code == 503 and "needs vLLM" in answer.json()["error"]["message"]
+        assert answer.headers["retry-after"]

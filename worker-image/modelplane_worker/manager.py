@@ -196,6 +196,7 @@ class _Ticket:
     spec: ModelSpec
     admitted: asyncio.Future[_Copy]
     waiters: int = 0
+    since: float = 0.0  # event-loop time its first request joined the queue
 
 
 @dataclass(frozen=True)
@@ -345,6 +346,14 @@ class ModelManager:
     def queued_requests(self) -> int:
         """Requests waiting in the admission queue now."""
         return self._queued_requests
+
+    def waiting(self) -> list[tuple[str, int, float]]:
+        """(model, requests, seconds its first request has waited) for each model in the admission
+        queue, in arrival order: demand that found no room here (the operator's pool autoscaler reads it)."""
+        if not self._queue:
+            return []
+        now = asyncio.get_running_loop().time()
+        return [(key, ticket.waiters, max(0.0, now - ticket.since)) for key, ticket in self._queue.items()]
 
     def failures(self) -> dict[str, str]:
         """Reason of the last failed load per model that is neither loaded nor loading again now."""
@@ -528,7 +537,7 @@ class ModelManager:
             )
         ticket = self._queue.get(spec.id)
         if ticket is None:
-            ticket = self._queue[spec.id] = _Ticket(spec, loop.create_future())
+            ticket = self._queue[spec.id] = _Ticket(spec, loop.create_future(), since=loop.time())
         ticket.waiters += 1
         self._queued_requests += 1
         self._admit_queued()  # it may be first in line with room to spare

@@ -113,6 +113,14 @@ class CatalogEntry(BaseModel):
                              version=self.version, description=self.description, memory_bytes=self.memory_bytes)
 
 
+class WaitingModel(BaseModel):
+    """A model whose requests wait in a worker's admission queue: no room for it there now."""
+
+    id: str
+    requests: int
+    waited_s: float  # how long its first waiting request has waited
+
+
 class WorkerStatus(BaseModel):
     """`GET /status`: the worker's own report, the source of truth for the router's map."""
 
@@ -125,5 +133,6 @@ class WorkerStatus(BaseModel):
     max_models: int | None = None
     churn_guard_s: float = 0.0  # the worker's eviction policy setting (the router plans with it)
     queued_requests: int = 0  # requests waiting in its admission queue for room
+    waiting: list[WaitingModel] = Field(default_factory=list)  # the models they wait for (pool autoscaling)
     models: list[ModelCopy]
     catalog: list[CatalogEntry]

@@ -54,6 +54,9 @@ async def test_waiting_requests_are_admitted_in_arrival_order(tmp_path) -> None:
             await asyncio.sleep(0.01)  # b, then c, then d join the queue
         await asyncio.sleep(0.1)
         assert manager.queued_requests() == 2  # b is loading (a is its promised victim); c and d wait
+        # the models they wait for, in arrival order, for the pool autoscaler: demand that found no room
+        assert [(model, n) for model, n, _ in manager.waiting()] == [("c", 1), ("d", 1)]
+        assert all(waited > 0 for _, _, waited in manager.waiting())
         await holder.__aexit__(None, None, None)
         assert await asyncio.gather(*waiting) == ["b", "c", "d"]
         assert [event for event in ballast.EVENTS if event.startswith("load:")] == ["load:a", "load:b", "load:c", "load:d"]

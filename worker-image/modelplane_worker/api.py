@@ -211,6 +211,7 @@ def create_app(
             max_models=manager.max_models,
             churn_guard_s=manager.policy.churn_guard_s,
             queued_requests=manager.queued_requests(),
+            waiting=[wire.WaitingModel(id=model, requests=n, waited_s=waited) for model, n, waited in manager.waiting()],
             models=copies(manager),
             catalog=[catalog_entry(spec, manager) for spec in manager.store.list()],
         )

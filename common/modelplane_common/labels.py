@@ -21,6 +21,14 @@ NAME = "app.kubernetes.io/name"
 POOL = "modelplane.io/pool"              # SHARED_POOL, or DEDICATED_POOL on every dedicated group's pods
 SERVED_MODEL = "modelplane.io/servedmodel"  # on a dedicated group (Deployment and pods): the one model it pins
 
+# Annotations. On a worker pod, set by the operator: it is being emptied before the pool shrinks
+# (the router places nothing new there and moves wanted copies off). On a ServedModel, set by the
+# router: a request waits for a pod of this model (unix seconds), so the operator starts one.
+DRAINING = "modelplane.io/draining"
+WANTED_AT = "modelplane.io/wanted-at"
+# Kubernetes' own: the ReplicaSet controller removes pods of lower cost first when scaling down.
+POD_DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
+
 PROJECT = "modelplane"
 WORKER = "worker"
 OPERATOR = "operator"

@@ -147,7 +147,7 @@ def create_app(service: RouterService, admin_token: str | None = None, max_body_
     @app.post("/v2/repository/models/{name}/load")
     async def load(name: str, request: Request) -> dict[str, Any]:
         check_admin(request, admin_token)
-        urls = await router.ready_copies(name)
+        urls = await router.ensure_ready_copies(name)
         return {"model": name, "pods": [service.model_map.pod(u).name for u in urls if service.model_map.pod(u)]}
 
     @app.post("/v2/repository/models/{name}/unload")

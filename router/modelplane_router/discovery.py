@@ -3,16 +3,18 @@
 Standalone: a fixed list of worker URLs and, optionally, the model store JSON
 the workers read. Cluster: the Kubernetes API, watched with the kubernetes
 client's ``watch.Watch`` (worker pods by label selector, ready condition and
-pod IP; ServedModel objects). Both expose the same small interface to the
-rest of the router: ``urls()``, ``node_of(url)``, ``spec_of(model)``.
+pod IP; ServedModel objects), in one namespace, a list of them, or all. Both
+expose the same small interface to the rest of the router: ``urls()``,
+``node_of(url)``, ``spec_of(model)``, ``draining(url)``.
 """
 from __future__ import annotations
 
 import json
 import logging
 import threading
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Protocol
+from typing import Any, Callable, Iterable, Protocol, Sequence
 
 from modelplane_common import labels
 from modelplane_common import spec as spec_module
@@ -27,6 +29,7 @@ class Discovery(Protocol):
     def pool_of(self, url: str) -> str: ...
     def spec_of(self, model: str) -> ModelSpec | None: ...
     def specs(self) -> list[ModelSpec]: ...
+    def draining(self, url: str) -> bool: ...
 
 
 def read_model_store(path: Path) -> dict[str, ModelSpec]:
@@ -74,6 +77,9 @@ class StaticDiscovery:
     def specs(self) -> list[ModelSpec]:
         return list(self._specs.values())
 
+    def draining(self, url: str) -> bool:
+        return False
+
 
 def pod_url(pod: Any, port: int) -> str | None:
     """``http://<pod IP>:<port>`` for a running, ready pod; None otherwise."""
@@ -84,114 +90,192 @@ def pod_url(pod: Any, port: int) -> str | None:
     return f"http://{status.pod_ip}:{port}" if ready else None
 
 
-class KubeDiscovery:
-    """Worker pods and ServedModels from the Kubernetes API, kept current by watches in threads."""
+ALL_NAMESPACES = "*"
 
-    def __init__(self, namespace: str, label_selector: str, worker_port: int, api_client: Any = None) -> None:
+
+@dataclass(frozen=True)
+class _Pod:
+    url: str
+    node: str
+    pool: str  # labels.pool_of
+    draining: bool  # the operator's drain annotation: no new copies, requests move off
+
+
+@dataclass(frozen=True)
+class _Model:
+    spec: ModelSpec
+    namespace: str
+    accepted: bool  # the operator's Accepted condition: a refused duplicate name never wins
+    created: str
+
+
+def _accepted(body: dict[str, Any]) -> bool:
+    conditions = (body.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Accepted" and c.get("status") == "True" for c in conditions)
+
+
+class KubeDiscovery:
+    """Worker pods and ServedModels from the Kubernetes API, kept current by watches in threads.
+
+    `namespaces`: where to watch (default: `namespace` alone; ``["*"]``: every namespace). Model
+    names are what clients send, so they are one namespace across the watched ones: where two
+    ServedModels share a name, the one the operator accepted wins (the operator refuses the later).
+    """
+
+    def __init__(self, namespace: str, label_selector: str, worker_port: int, api_client: Any = None,
+                 namespaces: Sequence[str] | None = None) -> None:
         from kubernetes import client  # imported here: standalone mode needs no kubernetes package
 
         self.namespace = namespace
+        self.namespaces = list(namespaces or [namespace])
         self.label_selector = label_selector
         self.worker_port = worker_port
         self._core = client.CoreV1Api(api_client)
         self._custom = client.CustomObjectsApi(api_client)
-        self._pods: dict[str, tuple[str, str, str]] = {}  # pod name -> (url, node, labels.pool_of)
-        self._specs: dict[str, ModelSpec] = {}
+        self._pods: dict[tuple[str, str], _Pod] = {}  # (namespace, pod name) -> where and what
+        self._models: dict[tuple[str, str], _Model] = {}  # (namespace, model name) -> spec
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._watches: list[Any] = []
 
+    @property
+    def all_namespaces(self) -> bool:
+        return ALL_NAMESPACES in self.namespaces
+
     # --- interface ---------------------------------------------------------------------
     def urls(self) -> list[str]:
-        return sorted(url for url, _, _ in self._pods.values())
+        return sorted(pod.url for pod in list(self._pods.values()))
+
+    def _pod(self, url: str) -> _Pod | None:
+        return next((pod for pod in list(self._pods.values()) if pod.url == url), None)
 
     def node_of(self, url: str) -> str:
-        return next((node for u, node, _ in self._pods.values() if u == url), "")
+        pod = self._pod(url)
+        return pod.node if pod else ""
 
     def pool_of(self, url: str) -> str:
         """The pod's pool from its labels: "shared", ``labels.dedicated_pool(model)``, or ""."""
-        return next((pool for u, _, pool in self._pods.values() if u == url), "")
+        pod = self._pod(url)
+        return pod.pool if pod else ""
+
+    def draining(self, url: str) -> bool:
+        pod = self._pod(url)
+        return pod.draining if pod else False
+
+    def _model(self, name: str) -> _Model | None:
+        found = [m for (_, model), m in list(self._models.items()) if model == name]
+        return min(found, key=lambda m: (not m.accepted, m.created, m.namespace), default=None)
 
     def spec_of(self, model: str) -> ModelSpec | None:
-        return self._specs.get(model)
+        found = self._model(model)
+        return found.spec if found else None
+
+    def namespace_of(self, model: str) -> str | None:
+        """The namespace of the ServedModel that declares `model`."""
+        found = self._model(model)
+        return found.namespace if found else None
 
     def specs(self) -> list[ModelSpec]:
-        return list(self._specs.values())
+        names = {name for _, name in list(self._models)}
+        return [spec for name in sorted(names) if (spec := self.spec_of(name)) is not None]
+
+    def mark_wanted(self, model: str, value: str) -> None:
+        """Annotate the model's ServedModel (labels.WANTED_AT): the operator starts a pod for it."""
+        namespace = self.namespace_of(model)
+        if namespace is None:
+            return
+        self._custom.patch_namespaced_custom_object(
+            spec_module.GROUP, spec_module.VERSION, namespace, spec_module.PLURAL, model,
+            {"metadata": {"annotations": {labels.WANTED_AT: value}}})
 
     # --- watches ---------------------------------------------------------------------------
     def start(self) -> None:
-        for target in (self._watch_pods, self._watch_served_models):
-            thread = threading.Thread(target=self._forever, args=(target,), daemon=True, name=target.__name__)
-            thread.start()
-            self._threads.append(thread)
+        scopes: list[str | None] = [None] if self.all_namespaces else list(self.namespaces)
+        for scope in scopes:
+            for target in (self._watch_pods, self._watch_served_models):
+                thread = threading.Thread(target=self._forever, args=(target, scope), daemon=True,
+                                          name=f"{target.__name__}-{scope or 'all'}")
+                thread.start()
+                self._threads.append(thread)
 
     def stop(self) -> None:
         self._stop.set()
         for w in self._watches:
             w.stop()
 
-    def _forever(self, target: Any) -> None:
+    def _forever(self, target: Callable[[str | None], None], scope: str | None) -> None:
         while not self._stop.is_set():
             try:
-                target()
+                target(scope)
             except Exception as exc:  # a watch that ends or fails is restarted (410 Gone included)
                 log.warning("watch %s ended: %s; restarting", target.__name__, exc)
                 self._stop.wait(1.0)
 
     def apply_pod_event(self, kind: str, pod: Any) -> None:
-        name = pod.metadata.name
+        key = (pod.metadata.namespace or self.namespace, pod.metadata.name)
         url = pod_url(pod, self.worker_port) if kind != "DELETED" else None
         if url is None:
-            self._pods.pop(name, None)
+            self._pods.pop(key, None)
         else:
-            pool = labels.pool_of(pod.metadata.labels or {})
-            self._pods[name] = (url, pod.spec.node_name or "", pool)
+            meta = pod.metadata
+            self._pods[key] = _Pod(url, pod.spec.node_name or "", labels.pool_of(meta.labels or {}),
+                                   bool((meta.annotations or {}).get(labels.DRAINING)))
 
     def apply_served_model_event(self, kind: str, body: dict[str, Any]) -> None:
-        name = body.get("metadata", {}).get("name", "")
+        meta = body.get("metadata", {})
+        key = (meta.get("namespace") or self.namespace, meta.get("name", ""))
         if kind == "DELETED":
-            self._specs.pop(name, None)
+            self._models.pop(key, None)
             return
         try:
-            self._specs[name] = ModelSpec.from_served_model(body)
+            self._models[key] = _Model(ModelSpec.from_served_model(body), key[0], _accepted(body),
+                                       str(meta.get("creationTimestamp", "")))
         except ValueError as exc:
-            log.warning("ServedModel %s ignored: %s", name, exc)
-            self._specs.pop(name, None)
+            log.warning("ServedModel %s/%s ignored: %s", key[0], key[1], exc)
+            self._models.pop(key, None)
 
-    def _watch_pods(self) -> None:
+    def _pod_lister(self, scope: str | None) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+        """The kubernetes client call (and its leading arguments) that lists worker pods in `scope`
+        (None: every namespace); watch.Watch streams the same call."""
+        if scope is None:
+            return self._core.list_pod_for_all_namespaces, ()
+        return self._core.list_namespaced_pod, (scope,)
+
+    def _model_lister(self, scope: str | None) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+        what = (spec_module.GROUP, spec_module.VERSION)
+        if scope is None:
+            return self._custom.list_cluster_custom_object, (*what, spec_module.PLURAL)
+        return self._custom.list_namespaced_custom_object, (*what, scope, spec_module.PLURAL)
+
+    def _watch_pods(self, scope: str | None) -> None:
         from kubernetes import watch
 
-        listing = self._core.list_namespaced_pod(self.namespace, label_selector=self.label_selector)
-        self._pods = {}
+        lister, args = self._pod_lister(scope)
+        listing = lister(*args, label_selector=self.label_selector)
+        for key in [k for k in self._pods if scope is None or k[0] == scope]:
+            del self._pods[key]
         for pod in listing.items:
             self.apply_pod_event("ADDED", pod)
         w = watch.Watch()
         self._watches.append(w)
-        for event in w.stream(
-            self._core.list_namespaced_pod,
-            self.namespace,
-            label_selector=self.label_selector,
-            resource_version=listing.metadata.resource_version,
-        ):
+        for event in w.stream(lister, *args, label_selector=self.label_selector,
+                              resource_version=listing.metadata.resource_version):
             self.apply_pod_event(event["type"], event["object"])
             if self._stop.is_set():
                 w.stop()
 
-    def _watch_served_models(self) -> None:
+    def _watch_served_models(self, scope: str | None) -> None:
         from kubernetes import watch
 
-        args = (spec_module.GROUP, spec_module.VERSION, self.namespace, spec_module.PLURAL)
-        listing = self._custom.list_namespaced_custom_object(*args)
-        self._specs = {}
+        lister, args = self._model_lister(scope)
+        listing = lister(*args)
+        for key in [k for k in self._models if scope is None or k[0] == scope]:
+            del self._models[key]
         for item in listing.get("items", []):
             self.apply_served_model_event("ADDED", item)
         w = watch.Watch()
         self._watches.append(w)
-        for event in w.stream(
-            self._custom.list_namespaced_custom_object,
-            *args,
-            resource_version=listing.get("metadata", {}).get("resourceVersion"),
-        ):
+        for event in w.stream(lister, *args, resource_version=listing.get("metadata", {}).get("resourceVersion")):
             self.apply_served_model_event(event["type"], event["object"])
             if self._stop.is_set():
                 w.stop()

@@ -34,6 +34,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--cluster", action="store_true", default=env("MODELPLANE_ROUTER_CLUSTER", "") in ("1", "true"),
                    help="cluster mode: discover worker pods and ServedModels through the Kubernetes API")
     p.add_argument("--namespace", default=env("MODELPLANE_NAMESPACE", "default"))
+    p.add_argument("--watch-namespaces", default=env("MODELPLANE_ROUTER_WATCH_NAMESPACES", ""),
+                   help="cluster mode: comma-separated namespaces whose worker pods and ServedModels to watch; "
+                        "'*': every namespace; empty: --namespace alone (match the operator's watchNamespaces)")
     p.add_argument("--worker-selector", default=env("MODELPLANE_WORKER_SELECTOR", labels.WORKER_SELECTOR))
     p.add_argument("--worker-port", type=int, default=int(env("MODELPLANE_WORKER_PORT", "8080")))
     p.add_argument("--kubeconfig", default=env("KUBECONFIG"))
@@ -65,7 +68,8 @@ def build_discovery(args: argparse.Namespace) -> Discovery:
             config.load_kube_config(args.kubeconfig)
         else:
             config.load_incluster_config()
-        discovery = KubeDiscovery(args.namespace, args.worker_selector, args.worker_port)
+        namespaces = [n.strip() for n in args.watch_namespaces.split(",") if n.strip()] or [args.namespace]
+        discovery = KubeDiscovery(args.namespace, args.worker_selector, args.worker_port, namespaces=namespaces)
         discovery.start()
         return discovery
     urls = [u.strip() for u in args.workers.split(",") if u.strip()]

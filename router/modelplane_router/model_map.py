@@ -10,11 +10,19 @@ two choices). A pod that stops answering is removed at once.
 A FAILED copy in a report is a worker's record of its last failed load: it
 holds no bytes and is neither ready nor loading, so it never attracts a
 request, and it does not stand for a load the router started since.
+
+Reports are stamped with when they were asked for (``asked_at``, the map's
+clock). What the router learned itself after that moment (a load it saw
+finish, an unload it made, a copy it saw fail) is newer than the report and
+survives it; what it learned before, the report replaces. So a report that
+left a worker before a load finished can land after it without erasing the
+new copy, and nothing on the request path has to poll for a fresher one.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable
+import time
+from typing import Callable, Iterable
 
 from modelplane_common.eviction import Candidate
 from modelplane_common.wire import CopyState, ModelCopy, WorkerStatus
@@ -61,6 +69,7 @@ class PodView:
     queued: int = 0  # requests waiting in its admission queue
     copies: dict[str, CopyView] = dataclasses.field(default_factory=dict)
     catalog: dict[str, int] = dataclasses.field(default_factory=dict)  # model id -> estimated bytes
+    draining: bool = False  # the operator is emptying it before the pool shrinks: no new copies go there
 
     def ready_models(self) -> set[str]:
         return {m for m, c in self.copies.items() if c.state == CopyState.READY}
@@ -74,17 +83,28 @@ class PodView:
 class ModelMap:
     """Pods keyed by URL, refreshed from worker reports; the router's only view of the cluster."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
         self._pods: dict[str, PodView] = {}
         self._reserved: dict[tuple[str, str], int] = {}  # (url, model) -> bytes of a load the router started
-        self._suspect: set[tuple[str, str]] = set()  # (url, model) copies that just failed a request
+        self._suspect: dict[tuple[str, str], float] = {}  # (url, model) copies that just failed a request -> when
+        self._loaded: dict[tuple[str, str], tuple[float, CopyView]] = {}  # copies the router saw loaded -> when
+        self._unloaded: dict[tuple[str, str], float] = {}  # copies the router unloaded -> when
+        self._started: dict[tuple[str, str], float] = {}  # loads the router started -> when (their load seconds)
         self._inflight: dict[tuple[str, str], int] = {}
         self._known: set[str] | None = None  # cache of known_models(), dropped on every pod change
 
     # --- updates -----------------------------------------------------------------
 
-    def apply_status(self, url: str, status: WorkerStatus, node: str = "") -> None:
-        """Replace what the map knows of `url` with the worker's own report."""
+    def now(self) -> float:
+        """The map's clock: stamp a status request with it before sending it."""
+        return self.clock()
+
+    def apply_status(self, url: str, status: WorkerStatus, node: str = "", asked_at: float | None = None,
+                     draining: bool = False) -> None:
+        """Replace what the map knows of `url` with the worker's own report, asked for at `asked_at`
+        (default: now), keeping what the router learned itself after that moment."""
+        asked_at = self.clock() if asked_at is None else asked_at
         copies = {c.id: CopyView.of(c) for c in status.models}
         catalog = {e.id: e.memory_bytes for e in status.catalog}
         previous = self._pods.get(url)
@@ -100,29 +120,54 @@ class ModelMap:
             queued=status.queued_requests,
             copies=copies,
             catalog=catalog,
+            draining=draining,
         )
         self._known = None
-        # A fresh report supersedes the router's own guesses about this pod.
-        self._suspect = {key for key in self._suspect if key[0] != url}
         pod = self._pods[url]
+        self._keep_newer_knowledge(pod, asked_at)
         for key in [k for k in self._reserved if k[0] == url and pod.holds(k[1])]:
             del self._reserved[key]
+
+    def _keep_newer_knowledge(self, pod: PodView, asked_at: float) -> None:
+        """Lay what the router learned after `asked_at` over the report; forget what it superseded."""
+        url = pod.url
+        for key, at in list(self._suspect.items()):
+            if key[0] == url and at <= asked_at:
+                del self._suspect[key]
+        for key, at in list(self._unloaded.items()):
+            if key[0] != url:
+                continue
+            if at <= asked_at:
+                del self._unloaded[key]
+            elif (gone := pod.copies.pop(key[1], None)) is not None:
+                pod.free_bytes += gone.bytes
+        for key, (at, copy) in list(self._loaded.items()):
+            if key[0] != url:
+                continue
+            if at <= asked_at:
+                del self._loaded[key]
+            elif key[1] not in pod.ready_models():
+                previous = pod.copies.get(key[1])
+                pod.copies[key[1]] = copy
+                pod.free_bytes -= copy.bytes - (previous.bytes if previous is not None and previous.state != CopyState.FAILED else 0)
 
     def remove_pod(self, url: str) -> None:
         """Forget a pod at once (it stopped answering or left the cluster)."""
         self._pods.pop(url, None)
         self._known = None
-        self._suspect = {key for key in self._suspect if key[0] != url}
-        for key in [k for k in self._reserved if k[0] == url]:
-            del self._reserved[key]
+        for table in (self._suspect, self._loaded, self._unloaded, self._reserved, self._started):
+            for key in [k for k in table if k[0] == url]:
+                del table[key]
 
     def mark_copy_failed(self, url: str, model: str) -> None:
-        """No more requests for `model` to `url` until its next report."""
-        self._suspect.add((url, model))
+        """No more requests for `model` to `url` until a report asked for after now."""
+        self._suspect[(url, model)] = self.clock()
+        self._loaded.pop((url, model), None)
 
     def reserve_load(self, url: str, model: str, nbytes: int) -> None:
         """Count a load the router started, before the worker reports it."""
         self._reserved[(url, model)] = nbytes
+        self._started[(url, model)] = self.clock()
 
     def release_load(self, url: str, model: str) -> None:
         self._reserved.pop((url, model), None)
@@ -132,15 +177,27 @@ class ModelMap:
         figures, it is what the worker would report now: just loaded, wanted once."""
         pod = self._pods.get(url)
         self.release_load(url, model)
-        self._suspect.discard((url, model))
+        self._suspect.pop((url, model), None)
+        self._unloaded.pop((url, model), None)
+        started = self._started.pop((url, model), None)
         if pod is not None and model not in pod.ready_models():
-            pod.copies[model] = CopyView(model, CopyState.READY, nbytes, frequency=1.0)
-            pod.free_bytes -= nbytes
+            previous = pod.copies.get(model)
+            # What eviction plans need of it (a copy seen loading for 0 s would look free to evict).
+            seconds = max(self.clock() - started if started is not None else 0.0,
+                          previous.load_seconds if previous is not None else 0.0)
+            copy = CopyView(model, CopyState.READY, nbytes, frequency=1.0, load_seconds=seconds)
+            self._loaded[(url, model)] = (self.clock(), copy)
+            pod.copies[model] = copy
+            pod.free_bytes -= nbytes - (previous.bytes if previous is not None and previous.state != CopyState.FAILED else 0)
 
     def record_unloaded(self, url: str, model: str) -> None:
+        """The router unloaded this copy: a report asked for before now no longer shows it."""
         pod = self._pods.get(url)
-        if pod is not None and model in pod.copies:
-            pod.free_bytes += pod.copies.pop(model).bytes
+        self._loaded.pop((url, model), None)
+        if pod is not None:
+            self._unloaded[(url, model)] = self.clock()
+            if model in pod.copies:
+                pod.free_bytes += pod.copies.pop(model).bytes
 
     # --- in-flight counts (power of two choices) ------------------------------------------
 
@@ -174,12 +231,12 @@ class ModelMap:
         return [p for p in self._pods.values() if p.ready]
 
     def ready_copies(self, model: str) -> list[str]:
-        """URLs of ready pods where `model` is ready and has not just failed."""
-        return [
-            p.url
-            for p in self._pods.values()
-            if p.ready and model in p.ready_models() and (p.url, model) not in self._suspect
-        ]
+        """URLs of ready pods where `model` is ready and has not just failed; copies on draining pods
+        only when there is no other (requests move off a pod before the pool lets it go)."""
+        ready = [p for p in self._pods.values()
+                 if p.ready and model in p.ready_models() and (p.url, model) not in self._suspect]
+        staying = [p.url for p in ready if not p.draining]
+        return staying or [p.url for p in ready]
 
     def loading_copies(self, model: str) -> list[str]:
         """URLs where `model` is being loaded (reported by the worker or started by the router)."""

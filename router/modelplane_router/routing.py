@@ -4,9 +4,9 @@
   (power of two choices on the router's in-flight counts).
 - A model with no ready copy is placed (``placement.place_cold``) and loaded:
   one load per model at a time across the router however many requests
-  wait; the waiters are forwarded when it finishes. Before placing, every
-  pod is asked for a fresh report, so a load another router started is
-  joined instead of repeated.
+  wait; the waiters are forwarded when it finishes. A load another router
+  started shows in the workers' reports and is joined instead of repeated;
+  nothing polls for a fresher report (reports are stamped: model_map.py).
 - A connection failure or 5xx is retried once on another ready copy; the pod
   leaves the map (connection failure) or the copy is skipped until the
   worker's next report (5xx). A worker's 4xx goes back to the client as is.
@@ -34,7 +34,6 @@ from modelplane_router.status_sync import StatusSync
 from modelplane_router.telemetry import RouterMetrics
 from modelplane_router.upstream import PodUnreachable, UpstreamResponse, UpstreamStream, WorkerClient, WorkerError
 
-POST_LOAD_SETTLE_S = 10.0
 FIRST_RETRY_S = 2.0  # back-off after a failed background load (minimum copies, hot copy), doubling
 MAX_RETRY_S = 60.0
 
@@ -110,8 +109,8 @@ class Router:
     def time_left(self, deadline: float) -> float:
         return max(0.0, deadline - asyncio.get_running_loop().time())
 
-    async def ready_copies(self, model: str, deadline: float | None = None) -> list[str]:
-        """Ready copies of `model`, loading it first (once, however many callers wait) if it has none;
+    async def ensure_ready_copies(self, model: str, deadline: float | None = None) -> list[str]:
+        """Ready copies of `model`, loading one first (once, however many callers wait) if it has none;
         waiting at most until `deadline`."""
         urls = self.model_map.ready_copies(model)
         if urls:
@@ -124,37 +123,32 @@ class Router:
             self._loads[model] = future
             future.add_done_callback(lambda f, m=model: self._loads.pop(m, None) if self._loads.get(m) is f else None)
         try:
-            await asyncio.wait_for(asyncio.shield(future), self.time_left(deadline))
+            loaded_on = await asyncio.wait_for(asyncio.shield(future), self.time_left(deadline))
         except (asyncio.TimeoutError, TimeoutError):
             raise errors.NoCapacity(
                 f"model {model!r} is still being loaded and the request's deadline passed", self.retry_after_s
             ) from None
+        # The map keeps the copy it saw loaded over older reports; a worker that reported itself
+        # unready since (its Triton sidecar loading, say) still answers for the copy it just loaded.
         urls = self.model_map.ready_copies(model)
-        # A status poll that started before the load finished can land after it and hide the
-        # new copy, and a worker may report itself unready for a moment while its Triton sidecar
-        # loads (seen in e2e): the load succeeded, so re-read the pods for a few seconds first.
-        deadline = min(deadline, asyncio.get_running_loop().time() + POST_LOAD_SETTLE_S)
-        while not urls and asyncio.get_running_loop().time() < deadline:
-            await self.sync.refresh_all()
-            urls = self.model_map.ready_copies(model)
-            if not urls:
-                await asyncio.sleep(0.2)
-        if not urls:
-            raise errors.BackendUnavailable(f"model {model!r} was loaded but no ready copy is reachable", self.retry_after_s)
-        return urls
+        if urls:
+            return urls
+        if loaded_on and self.model_map.pod(loaded_on) is not None:
+            return [loaded_on]
+        raise errors.BackendUnavailable(f"model {model!r} was loaded but no ready copy is reachable", self.retry_after_s)
 
     # --- placing a cold model ------------------------------------------------------------
 
-    async def _load_cold(self, model: str, timeout_s: float) -> None:
+    async def _load_cold(self, model: str, timeout_s: float) -> str | None:
+        """Load `model` somewhere; the pod it was loaded on (None: it was ready already)."""
         deadline = asyncio.get_running_loop().time() + timeout_s
-        await self.sync.refresh_all()
         if self.model_map.ready_copies(model):
-            return
+            return None
         for url in self.model_map.loading_copies(model):  # another router is loading it: join that load
             try:
                 await self.client.load(url, model, self.time_left(deadline))
                 self.model_map.record_loaded(url, model, self.model_map.estimated_bytes(model))
-                return
+                return url
             except PodUnreachable:
                 self.model_map.remove_pod(url)
         self.check_known(model)
@@ -164,7 +158,7 @@ class Router:
             decision = self.place(model, holders=(), exclude=tried)
             try:
                 await self.load_on(decision, model, self.time_left(deadline))
-                return
+                return decision.url
             except PodUnreachable as exc:  # a pod that vanished mid-load costs one more placement
                 self.model_map.remove_pod(exc.url)
                 last = exc
@@ -432,7 +426,7 @@ class Router:
 
         async def first_copy() -> None:
             try:
-                await self.ready_copies(model)  # registers its own single-flight load
+                await self.ensure_ready_copies(model)  # registers its own single-flight load
             except (errors.ModelplaneError, PodUnreachable) as exc:
                 self._back_off(model, f"could not load {model} ({reason})", exc)
             else:

@@ -280,3 +280,33 @@ async def test_a_minimum_copy_that_cannot_be_placed_is_retried_with_back_off(cap
     await router.reconcile_once()
     await settle(router)
     assert pod.loads == ["b"] and model_map.ready_copies("b") == ["http://p1"]
+
+
+class SlowReports(FakeClient):
+    """Status reports that are read when asked for but land only when the test releases them."""
+
+    def __init__(self, pods: list[FakePod], load_delay_s: float = 0.0) -> None:
+        super().__init__(pods, load_delay_s)
+        self.release = asyncio.Event()
+        self.asked = 0
+
+    async def status(self, url: str) -> WorkerStatus:
+        report = self._pod(url).status()
+        self.asked += 1
+        await self.release.wait()
+        return report
+
+
+async def test_a_load_is_served_without_polling_even_when_an_older_report_lands_after_it():
+    pod = FakePod("http://p1", 1000 * MiB, CATALOG)
+    router, model_map, _ = build([pod])
+    await router.sync.refresh_all()
+    slow = SlowReports([pod], load_delay_s=0.05)
+    router.client = router.sync.client = slow
+    stale = asyncio.ensure_future(router.sync.refresh_all())  # asked before the load: 'a' is not there
+    await asyncio.sleep(0)
+    urls = await asyncio.wait_for(router.ensure_ready_copies("a"), 10)
+    assert urls == ["http://p1"] and slow.asked == 1  # the request path asked nobody for a report
+    slow.release.set()
+    await stale
+    assert model_map.ready_copies("a") == ["http://p1"]  # the stale report did not erase the copy

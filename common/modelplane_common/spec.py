@@ -73,10 +73,16 @@ def validate_source_uri(uri: str) -> str:
     return uri
 
 
+DEFAULT_IDLE_SECONDS = 300
+
+
 class Replicas(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
     min: int = Field(0, ge=0)
     max: int = Field(1, ge=1)
+    # How long after its last request a model still counts as wanted: its copies keep pool pods,
+    # and a min-0 dedicated group scales to zero after this long without requests.
+    idle_seconds: int = Field(DEFAULT_IDLE_SECONDS, ge=0, alias="idleSeconds")
 
     @model_validator(mode="after")
     def _min_le_max(self) -> "Replicas":

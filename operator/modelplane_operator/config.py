@@ -24,6 +24,23 @@ class GpuMode(str, enum.Enum):
     NONE = "none"  # CPU-only clusters
 
 
+class PoolMode(str, enum.Enum):
+    """Where a namespace's shared models run (the chart's workers.pool.mode)."""
+
+    SHARED = "shared"  # one pool, in the operator's namespace, for every watched namespace
+    NAMESPACE = "namespace"  # a pool per namespace, in that namespace (its pods count against its quota)
+
+
+class Autoscaling(str, enum.Enum):
+    """Who sets a WorkerPool's spec.replicas (the chart's workers.pool.autoscaling)."""
+
+    OPERATOR = "operator"  # the operator, from placements that do not fit and saturated copies
+    EXTERNAL = "external"  # the HPA or KEDA, through the WorkerPool's scale subresource
+
+
+ALL_NAMESPACES = "*"
+
+
 class OperatorConfig(BaseModel):
     """Everything the pod and pool builders need besides the ServedModel itself."""
 
@@ -56,6 +73,17 @@ class OperatorConfig(BaseModel):
     owner_deployment: str = Field("", description="the operator's own Deployment, made owner of the pool "
                                   "and the model store so that uninstalling the chart removes them")
     status_interval_s: float = Field(15.0, gt=0)
+    watch_namespaces: tuple[str, ...] = Field((), description="namespaces whose ServedModels are served; "
+                                              "empty: the operator's own; ('*',): every namespace")
+    pool_mode: PoolMode = PoolMode.SHARED
+    pool_autoscaling: Autoscaling = Autoscaling.OPERATOR
+    pool_sync_interval_s: float = Field(2.0, gt=0, description="how often each pool is converged")
+    scale_down_delay_s: float = Field(60.0, ge=0, description="a smaller pool must suffice this long before it shrinks")
+    drain_timeout_s: float = Field(120.0, ge=0, description="longest wait for a pod's copies to move off it")
+    target_inflight_per_copy: float = Field(4.0, gt=0, description="in-flight + queued requests a copy serves before "
+                                            "another is wanted (the router's replicate-inflight-per-copy)")
+    queue_wait_s: float = Field(1.0, ge=0, description="a model whose requests wait this long for room is wanted")
+    metrics_port: int = Field(0, ge=0, description="Prometheus /metrics port; 0: none")
     startup_probe_failure_threshold: int = Field(120, ge=1, description="x 5 s: slow first loads")
 
     @field_validator("pod_memory_budget", mode="before")
@@ -75,12 +103,26 @@ class OperatorConfig(BaseModel):
                 "limit, on CPU worker pods (workers.gpu.mode: none): models are held in that container's memory")
         return self
 
-    @field_validator("model_claims", mode="before")
+    @field_validator("model_claims", "watch_namespaces", mode="before")
     @classmethod
     def _split_claims(cls, value: Any) -> Any:
         if isinstance(value, str):
             return tuple(c.strip() for c in value.split(",") if c.strip())
         return value
+
+    @property
+    def all_namespaces(self) -> bool:
+        return ALL_NAMESPACES in self.watch_namespaces
+
+    def served_namespaces(self) -> list[str]:
+        """The namespaces kopf watches (empty list: every namespace): the operator's own is always one."""
+        if self.all_namespaces:
+            return []
+        return sorted({self.namespace, *self.watch_namespaces})
+
+    def pool_namespace(self, model_namespace: str) -> str:
+        """Where the pool that runs a namespace's shared models lives."""
+        return model_namespace if self.pool_mode is PoolMode.NAMESPACE else self.namespace
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "OperatorConfig":

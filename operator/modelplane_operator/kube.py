@@ -18,6 +18,9 @@ from modelplane_common import labels, spec as spec_module
 FIELD_MANAGER = "modelplane-operator"
 
 
+FIELD_MANAGER_AUTOSCALER = "modelplane-autoscaler"  # owns the replicas of the pools and dedicated groups
+
+
 @dataclass(frozen=True)
 class WorkerPod:
     name: str
@@ -26,6 +29,25 @@ class WorkerPod:
     ready: bool
     pool: str = ""  # labels.pool_of: "shared", labels.dedicated_pool(model), or ""
     problem: str = ""  # why a container is not running, as the kubelet reports it
+    namespace: str = ""
+    draining_since: float | None = None  # unix seconds, from labels.DRAINING
+
+
+@dataclass(frozen=True)
+class DeploymentState:
+    replicas: int  # spec: asked for
+    pods: int  # status.replicas: pods it has
+    ready: int
+
+
+def _draining_since(annotations: dict[str, str]) -> float | None:
+    value = annotations.get(labels.DRAINING)
+    if not value:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        return 0.0  # set by hand: treated as draining since long ago
 
 
 def _problem(pod: Any) -> str:
@@ -47,7 +69,8 @@ def _to_worker_pod(pod: Any) -> WorkerPod:
     return WorkerPod(
         name=pod.metadata.name, ip=(status.pod_ip or "") if status else "", phase=(status.phase or "") if status else "",
         ready=any(c.type == "Ready" and c.status == "True" for c in conditions),
-        pool=labels.pool_of(pod.metadata.labels or {}), problem=_problem(pod))
+        pool=labels.pool_of(pod.metadata.labels or {}), problem=_problem(pod), namespace=pod.metadata.namespace or "",
+        draining_since=_draining_since(pod.metadata.annotations or {}))
 
 
 def connect() -> client.ApiClient:
@@ -135,6 +158,64 @@ class Kube:
                     if exc.status != 404:  # a pod gone meanwhile needs nothing
                         raise
         return changed
+
+    def deployment(self, namespace: str, name: str) -> DeploymentState | None:
+        try:
+            found = self._apps.read_namespaced_deployment(name, namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        status = found.status
+        return DeploymentState(found.spec.replicas if found.spec.replicas is not None else 1,
+                               (status.replicas or 0) if status else 0, (status.ready_replicas or 0) if status else 0)
+
+    def scale_deployment(self, namespace: str, name: str, replicas: int) -> None:
+        """Set an existing Deployment's replicas as the autoscaler's field manager (server-side apply of
+        that one field, so the manager that applies the rest of the Deployment leaves it alone)."""
+        manifest = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "namespace": namespace},
+                    "spec": {"replicas": replicas}}
+        self._apps.patch_namespaced_deployment(name, namespace, manifest, field_manager=FIELD_MANAGER_AUTOSCALER,
+                                               force=True, _content_type="application/apply-patch+yaml")
+
+    def patch_pod_annotations(self, namespace: str, name: str, annotations: dict[str, str | None]) -> None:
+        """Set (or, for None, remove) annotations on one pod; a pod gone meanwhile needs nothing."""
+        try:
+            self._core.patch_namespaced_pod(name, namespace, {"metadata": {"annotations": annotations}})
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    def create_if_absent(self, manifest: dict[str, Any], resource: dict[str, str]) -> bool:
+        """Create a custom object unless one of that name exists; True when it was created."""
+        meta = manifest["metadata"]
+        try:
+            self._custom.create_namespaced_custom_object(resource["group"], resource["version"], meta["namespace"],
+                                                         resource["plural"], manifest)
+        except ApiException as exc:
+            if exc.status == 409:
+                return False
+            raise
+        return True
+
+    def apply_custom(self, manifest: dict[str, Any], resource: dict[str, str]) -> None:
+        """Server-side apply the fields of a custom object this operator owns."""
+        meta = manifest["metadata"]
+        self._custom.patch_namespaced_custom_object(
+            resource["group"], resource["version"], meta["namespace"], resource["plural"], meta["name"], manifest,
+            field_manager=FIELD_MANAGER, force=True, _content_type="application/apply-patch+yaml")
+
+    def scale_custom(self, namespace: str, name: str, resource: dict[str, str], replicas: int) -> None:
+        """Set a custom object's replicas through its scale subresource, as the HPA does."""
+        self._custom.patch_namespaced_custom_object_scale(
+            resource["group"], resource["version"], namespace, resource["plural"], name, {"spec": {"replicas": replicas}},
+            field_manager=FIELD_MANAGER_AUTOSCALER, _content_type="application/merge-patch+json")
+
+    def patch_custom_status(self, namespace: str, name: str, resource: dict[str, str], status: dict[str, Any]) -> None:
+        """Merge `status` into a custom object's status subresource."""
+        self._custom.patch_namespaced_custom_object_status(
+            resource["group"], resource["version"], namespace, resource["plural"], name, {"status": status},
+            _content_type="application/merge-patch+json")
 
     def worker_pods(self, namespace: str, selector: str) -> list[WorkerPod]:
         pods = self._core.list_namespaced_pod(namespace, label_selector=selector).items

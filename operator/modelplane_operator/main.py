@@ -11,17 +11,19 @@ import os
 import sys
 
 import kopf
+import prometheus_client
 import pydantic
 
 from modelplane_operator.config import OperatorConfig
 from modelplane_operator.handlers import build_registry
+from modelplane_operator.metrics import OperatorMetrics
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="modelplane-operator", description=__doc__.splitlines()[0])
     parser.add_argument("--namespace", default=None,
-                        help="namespace to watch, where the shared pool lives (default: MODELPLANE_OPERATOR_NAMESPACE, "
-                             "else the pod's namespace, else 'default')")
+                        help="the operator's namespace, where the shared pool lives (default: MODELPLANE_OPERATOR_NAMESPACE, "
+                             "else the pod's namespace, else 'default'); MODELPLANE_OPERATOR_WATCH_NAMESPACES adds others")
     parser.add_argument("--log-level", default=os.environ.get("MODELPLANE_LOG_LEVEL", "INFO"))
     parser.add_argument("--liveness", default="http://0.0.0.0:8080/healthz",
                         help="kopf's liveness endpoint for the Deployment's probe")
@@ -41,8 +43,12 @@ def main(argv: list[str] | None = None) -> None:
         config = OperatorConfig.from_env(namespace=namespace)
     except pydantic.ValidationError as exc:
         sys.exit(f"modelplane-operator: invalid settings: {exc}")
-    kopf.run(registry=build_registry(config), standalone=True, namespaces=[config.namespace],
-             liveness_endpoint=args.liveness)
+    metrics = OperatorMetrics()
+    if config.metrics_port:
+        prometheus_client.start_http_server(config.metrics_port, registry=metrics.registry)
+    namespaces = config.served_namespaces()
+    kopf.run(registry=build_registry(config, metrics), standalone=True, clusterwide=not namespaces,
+             namespaces=namespaces, liveness_endpoint=args.liveness)
 
 
 if __name__ == "__main__":

@@ -80,9 +80,6 @@ def _placement_problems(spec: ModelSpec, config: OperatorConfig) -> list[Problem
         problems.append(Problem("spec.memory", (
             f"{quantity.format_bytes(spec.memory_bytes)} does not fit a worker pod's model memory budget "
             f"of {quantity.format_bytes(config.pod_memory_budget)}")))
-    if spec.placement is Placement.DEDICATED and spec.replicas.min < 1:
-        problems.append(Problem("spec.replicas.min", "must be at least 1 for placement: dedicated "
-                                "(a dedicated group with no pods serves nothing; use placement: shared to load on demand)"))
     if spec.placement is Placement.SHARED and spec.replicas.min > config.pool_max_pods:
         problems.append(Problem("spec.replicas.min", (
             f"{spec.replicas.min} copies need {spec.replicas.min} pods but the shared pool may grow "

@@ -23,6 +23,7 @@ from typing import Any, Iterable, Sequence
 
 from modelplane_common import labels
 from modelplane_common.spec import API_VERSION, KIND, ModelSpec, Placement
+from modelplane_operator import kinds
 from modelplane_operator.config import GpuMode, OperatorConfig
 
 WORKER_CONTAINER = "modelplane-worker"
@@ -209,31 +210,55 @@ def owner_reference(body: dict[str, Any]) -> dict[str, Any]:
             "controller": True, "blockOwnerDeletion": True}
 
 
-def build_dedicated_deployment(spec: ModelSpec, body: dict[str, Any], config: OperatorConfig) -> dict[str, Any]:
-    """A latency-optimized instance group: replicas.min pods that each pin this one model."""
+def build_dedicated_deployment(spec: ModelSpec, body: dict[str, Any], config: OperatorConfig,
+                               replicas: int | None = None) -> dict[str, Any]:
+    """A latency-optimized instance group: pods that each pin this one model. `replicas` None: the
+    manifest leaves them to the autoscaler's field manager (replicas.min..max on demand)."""
     # A changed spec rolls the group, so its pods load the model as now declared.
     template = build_worker_pod_template(config, dedicated_to=spec.id, pinned=[spec.id],
                                          annotations={SPEC_HASH: spec_hash(spec)})
-    deployment = _deployment(dedicated_name(spec.id), body["metadata"]["namespace"], spec.id,
-                             spec.replicas.min, template)
+    deployment = _deployment(dedicated_name(spec.id), body["metadata"]["namespace"], spec.id, replicas or 0, template)
+    if replicas is None:
+        del deployment["spec"]["replicas"]
     deployment["metadata"]["ownerReferences"] = [owner_reference(body)]
     return deployment
 
 
 def build_pool_deployment(config: OperatorConfig, replicas: int,
-                          owners: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
-    """The shared pool: pods pin nothing; the router places models on them. `owners`: the
-    operator's Deployment, so the pool goes when the chart is uninstalled."""
+                          owners: Sequence[dict[str, Any]] = (), namespace: str | None = None) -> dict[str, Any]:
+    """A shared pool: pods pin nothing; the router places models on them. `owners`: its WorkerPool
+    (or the operator's Deployment), so the pool goes with it."""
     template = build_worker_pod_template(config, dedicated_to=None, pinned=[])
-    deployment = _deployment(config.pool_name, config.namespace, None, replicas, template)
+    deployment = _deployment(config.pool_name, namespace or config.namespace, None, replicas, template)
     if owners:
         deployment["metadata"]["ownerReferences"] = list(owners)
     return deployment
 
 
+def pool_selector() -> str:
+    """The label selector of a shared pool's pods (a WorkerPool's status.selector, for the HPA)."""
+    return ",".join(f"{k}={v}" for k, v in worker_labels(None).items())
+
+
+def build_worker_pool(config: OperatorConfig, namespace: str, min_pods: int,
+                      owners: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+    """The WorkerPool of one namespace's shared pool: its bounds and who scales it (the fields the
+    operator owns; spec.replicas belongs to the autoscaler, the operator's or the HPA's)."""
+    metadata: dict[str, Any] = {"name": config.pool_name, "namespace": namespace,
+                                "labels": {labels.PART_OF: labels.PROJECT, labels.MANAGED_BY: MANAGER}}
+    if owners:
+        metadata["ownerReferences"] = list(owners)
+    return {"apiVersion": kinds.API_VERSION, "kind": kinds.WORKER_POOL, "metadata": metadata,
+            "spec": {"minReplicas": min_pods, "maxReplicas": config.pool_max_pods,
+                     "autoscaling": config.pool_autoscaling.value}}
+
+
 def store_entry(spec: ModelSpec) -> dict[str, Any]:
     """One model as the worker's JSON model store reads it."""
-    return spec.model_dump(mode="json", exclude={"memory_bytes"}) | {"memory": spec.memory_bytes}
+    # replicas.idleSeconds is for the operator and the router; the worker's store (and the spec hash
+    # that rolls a dedicated group) stays as it was without it.
+    exclude = {"memory_bytes": True, "replicas": {"idle_seconds"}}
+    return spec.model_dump(mode="json", exclude=exclude) | {"memory": spec.memory_bytes}
 
 
 def spec_hash(spec: ModelSpec) -> str:
@@ -246,13 +271,16 @@ def _store_document(specs: Iterable[ModelSpec]) -> str:
 
 
 def build_model_store_configmap(specs: Iterable[ModelSpec], config: OperatorConfig,
-                                owners: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
-    """The catalogs worker pods mount as their model store: one key for the shared pool's
-    models, one per dedicated model holding only that model."""
+                                owners: Sequence[dict[str, Any]] = (), namespace: str | None = None,
+                                dedicated: Iterable[ModelSpec] | None = None) -> dict[str, Any]:
+    """The catalogs worker pods of one namespace mount as their model store: one key for its shared
+    pool's models (`specs`' shared ones), one per dedicated model there holding only that model
+    (`dedicated`, default: `specs`' dedicated ones)."""
     specs = list(specs)
+    dedicated = [s for s in specs if s.placement is Placement.DEDICATED] if dedicated is None else list(dedicated)
     data = {MODEL_STORE_KEY: _store_document(s for s in specs if s.placement is Placement.SHARED)}
-    data.update({store_key(s.id): _store_document([s]) for s in specs if s.placement is Placement.DEDICATED})
-    metadata: dict[str, Any] = {"name": config.model_store_configmap, "namespace": config.namespace,
+    data.update({store_key(s.id): _store_document([s]) for s in dedicated})
+    metadata: dict[str, Any] = {"name": config.model_store_configmap, "namespace": namespace or config.namespace,
                                 "labels": {labels.PART_OF: labels.PROJECT, labels.MANAGED_BY: MANAGER}}
     if owners:
         metadata["ownerReferences"] = list(owners)

@@ -18,6 +18,12 @@ class RouterMetrics:
                                   ["model", "pod", "reason"], registry=self.registry)
         self.retries = Counter(names.ROUTER_RETRIES_TOTAL.removesuffix("_total"), "Requests retried on another copy",
                                ["model"], registry=self.registry)
-        self.removals = Counter(f"{names.PREFIX}_router_copy_removals_total", "Extra copies the router unloaded",
+        self.removals = Counter(names.ROUTER_COPY_REMOVALS_TOTAL.removesuffix("_total"), "Extra copies the router unloaded",
                                 ["model", "pod"], registry=self.registry)
-        self.pods = Gauge(f"{names.PREFIX}_router_pods", "Worker pods in the map", registry=self.registry)
+        self.pods = Gauge(names.ROUTER_PODS, "Worker pods in the map", registry=self.registry)
+        self.pod_waits = Counter(names.ROUTER_POD_WAITS_TOTAL.removesuffix("_total"),
+                                 "Requests held while a pod of their model started (scale from zero)",
+                                 ["model", "result"], registry=self.registry)
+        self.pod_wait = Histogram(names.ROUTER_POD_WAIT_SECONDS, "Seconds a request was held for a pod to start",
+                                  ["model"], registry=self.registry,
+                                  buckets=(0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300))

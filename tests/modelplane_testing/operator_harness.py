@@ -65,6 +65,7 @@ def operator_config(namespace: str, **overrides: Any) -> OperatorConfig:
     # The device plugin's nvidia.com/gpu: pods that need no ResourceClaimTemplate in the test namespace.
     values: dict[str, Any] = dict(namespace=namespace, pod_memory_budget="4Gi", gpu_mode="devicePlugin", gpus_per_pod=1,
                                   pool_min_pods=1, pool_max_pods=4, status_interval_s=1.0,
+                                  pool_sync_interval_s=0.5, scale_down_delay_s=1.0,
                                   worker_image="registry.example/modelplane/worker:test",
                                   triton_image="nvcr.io/nvidia/tritonserver:24.10-py3")
     values.update(overrides)
@@ -73,8 +74,10 @@ def operator_config(namespace: str, **overrides: Any) -> OperatorConfig:
 
 @contextlib.contextmanager
 def running_operator(config: OperatorConfig) -> Iterator[KopfRunner]:
-    """The real operator (its real handlers) in a thread, watching `config.namespace`."""
-    args = ["run", "--standalone", "--namespace", config.namespace]
+    """The real operator (its real handlers) in a thread, watching the namespaces `config` serves."""
+    namespaces = config.served_namespaces()
+    scope = [arg for ns in namespaces for arg in ("--namespace", ns)] if namespaces else ["--all-namespaces"]
+    args = ["run", "--standalone", *scope]
     with KopfRunner(args, registry=build_registry(config), timeout=60) as runner:
         yield runner
     assert runner.exception is None, runner.output[-4000:]

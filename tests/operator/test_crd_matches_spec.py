@@ -43,7 +43,9 @@ def test_defaults_agree() -> None:
     assert props["task"]["default"] == defaults.task.value
     assert props["placement"]["default"] == defaults.placement.value
     assert props["version"]["default"] == defaults.version
-    assert props["replicas"]["default"] == defaults.replicas.model_dump()
+    assert props["replicas"]["default"] == defaults.replicas.model_dump(by_alias=True)
+    replicas = props["replicas"]["properties"]
+    assert replicas["idleSeconds"]["default"] == defaults.replicas.idle_seconds
 
 
 def test_required_fields_and_source_schemes_agree() -> None:

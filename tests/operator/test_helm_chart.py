@@ -65,16 +65,21 @@ def installed(cluster: Cluster) -> Cluster:
 
 OPERATOR_NEEDS = [
     ("watch", "servedmodels.modelplane.io"), ("patch", "servedmodels.modelplane.io"),
-    ("patch", "servedmodels.modelplane.io/status"), ("create", "deployments.apps"),
+    ("patch", "servedmodels.modelplane.io", "--subresource=status"), ("create", "deployments.apps"),
     ("patch", "deployments.apps"), ("delete", "deployments.apps"), ("list", "pods"),
     ("create", "events"), ("create", "configmaps"), ("patch", "configmaps/modelplane-models"),
+    ("watch", "workerpools.modelplane.io"), ("create", "workerpools.modelplane.io"),
+    ("patch", "workerpools.modelplane.io", "--subresource=scale"),
+    ("patch", "workerpools.modelplane.io", "--subresource=status"), ("watch", "modelquotas.modelplane.io"),
+    ("patch", "modelquotas.modelplane.io", "--subresource=status"), ("patch", "pods"),
 ]
 OPERATOR_MUST_NOT = [
     ("get", "secrets"), ("list", "secrets"), ("create", "pods"), ("delete", "pods"),
     ("delete", "servedmodels.modelplane.io"), ("patch", "configmaps/kube-root-ca.crt"),
     ("create", "roles.rbac.authorization.k8s.io"), ("list", "nodes"), ("delete", "namespaces"),
     ("list", "customresourcedefinitions.apiextensions.k8s.io"),
-    ("create", "deployments.apps", "-n", "default"),
+    ("create", "deployments.apps", "-n", "default"), ("patch", "modelquotas.modelplane.io"),
+    ("delete", "workerpools.modelplane.io"),
 ]
 
 
@@ -87,7 +92,11 @@ def test_operator_account_may_do_its_job_and_nothing_else(installed: Cluster) ->
 def test_router_and_worker_accounts_are_read_only_or_nothing(installed: Cluster) -> None:
     assert _can(installed, "modelplane-router", "watch", "pods")
     assert _can(installed, "modelplane-router", "list", "servedmodels.modelplane.io")
-    assert not _can(installed, "modelplane-router", "patch", "servedmodels.modelplane.io")
+    # its one write: the annotation that asks the operator for a pod of a model a request waits for
+    assert _can(installed, "modelplane-router", "patch", "servedmodels.modelplane.io")
+    assert not _can(installed, "modelplane-router", "patch", "servedmodels.modelplane.io", "--subresource=status")
+    assert not _can(installed, "modelplane-router", "delete", "servedmodels.modelplane.io")
+    assert not _can(installed, "modelplane-router", "patch", "pods")
     assert not _can(installed, "modelplane-router", "get", "secrets")
     assert not _can(installed, "modelplane-worker", "list", "pods")
 

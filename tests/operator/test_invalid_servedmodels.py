@@ -34,15 +34,15 @@ def test_api_server_refuses_what_the_schema_forbids(cluster: Cluster, manifest: 
 def test_operator_marks_what_only_it_can_judge(cluster: Cluster, operator) -> None:
     config, _ = operator
     cluster.apply(served_model("too-big", memory="64Gi"))
-    cluster.apply(served_model("empty-group", placement="dedicated", replicas={"min": 0, "max": 2}))
+    cluster.apply(served_model("too-many", replicas={"min": 5, "max": 5}))
     cluster.apply(served_model("fine", memory="1Gi"))
 
     too_big = wait_for(lambda: (c := cluster.condition("too-big", "Accepted")) and c, "Accepted on too-big")
     assert (too_big["status"], too_big["reason"]) == ("False", "InvalidSpec")
     assert "spec.memory" in too_big["message"] and "4.0Gi" in too_big["message"]
-    empty = wait_for(lambda: (c := cluster.condition("empty-group", "Accepted")) and c, "Accepted on empty-group")
-    assert empty["status"] == "False" and "spec.replicas.min" in empty["message"]
-    assert cluster.get("deployment", "empty-group-dedicated") is None
+    too_many = wait_for(lambda: (c := cluster.condition("too-many", "Accepted")) and c, "Accepted on too-many")
+    assert too_many["status"] == "False" and "spec.replicas.min" in too_many["message"]
+    assert "the shared pool may grow to 4" in too_many["message"]
     wait_for(lambda: "InvalidSpec" in {e["reason"] for e in cluster.events("too-big")}, "a warning event")
 
     fine = wait_for(lambda: (c := cluster.condition("fine", "Accepted")) and c, "Accepted on fine")
@@ -52,8 +52,9 @@ def test_operator_marks_what_only_it_can_judge(cluster: Cluster, operator) -> No
     cluster.kubectl("patch", "servedmodel", "too-big", "--type=merge", "-p", '{"spec": {"memory": "2Gi"}}')
     wait_for(lambda: (cluster.condition("too-big", "Accepted") or {}).get("status") == "True", "Accepted after the fix")
     # Only accepted models reach the workers' model store.
-    store = cluster.get("configmap", config.model_store_configmap)["data"]["models.json"]
-    assert '"too-big"' in store and '"fine"' in store and '"empty-group"' not in store
+    store = wait_for(lambda: '"too-big"' in (data := ((cluster.get("configmap", config.model_store_configmap) or {})
+                                                    .get("data") or {}).get("models.json", "")) and data, "too-big in the store")
+    assert '"too-big"' in store and '"fine"' in store and '"too-many"' not in store
 
 
 def test_the_samples_are_valid(cluster: Cluster) -> None:

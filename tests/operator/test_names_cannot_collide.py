@@ -70,7 +70,7 @@ def test_the_operator_refuses_a_dedicated_group_named_like_the_pool(cluster: Clu
         cluster.apply(dedicated("team"))
         refused = wait_for(lambda: cluster.condition("team", "Accepted"), "Accepted on team")
         assert refused["status"] == "False" and "'team-dedicated', the shared pool's own name" in refused["message"]
-        pool = cluster.get("deployment", "team-dedicated")
+        pool = wait_for(lambda: cluster.get("deployment", "team-dedicated"), "the pool's Deployment")
         assert pool["spec"]["selector"]["matchLabels"][labels.POOL] == labels.SHARED_POOL  # still the pool
         cluster.kubectl("delete", "servedmodel", "team", "--wait=true", "--timeout=60s")
 

@@ -43,7 +43,8 @@ def test_operator_command_reads_its_settings_from_the_environment(cluster: Clust
         assert worker["image"] == "registry.example/worker:env"
         assert "nvidia.com/gpu" not in worker["resources"]["limits"] and "claims" not in worker["resources"]
         assert "resourceClaims" not in deployment["spec"]["template"]["spec"]  # gpu mode none, from the environment
-        assert cluster.get("deployment", "modelplane-pool")["spec"]["replicas"] == 2
+        wait_for(lambda: ((cluster.get("deployment", "modelplane-pool") or {}).get("spec") or {}).get("replicas") == 2,
+                 "the pool at its minimum from the environment (2)")
     finally:
         process.send_signal(signal.SIGTERM)
         try:

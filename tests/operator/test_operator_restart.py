@@ -11,7 +11,7 @@ from modelplane_testing.operator_harness import Cluster, operator_config, runnin
 def _snapshot(cluster: Cluster) -> dict[str, str]:
     """kind/name -> resourceVersion of everything the operator writes."""
     versions = {}
-    for kind in ("deployments", "replicasets", "configmaps", "servedmodels"):
+    for kind in ("deployments", "replicasets", "configmaps", "servedmodels", "workerpools"):
         for item in cluster.items(kind):
             versions[f"{kind}/{item['metadata']['name']}"] = item["metadata"]["resourceVersion"]
     return versions
@@ -29,6 +29,8 @@ def test_restart_changes_nothing(cluster: Cluster, caplog: pytest.LogCaptureFixt
         cluster.apply(served_model("shared-a", memory="1Gi", replicas={"min": 2, "max": 2}))
         for name in ("pinned", "shared-a"):
             wait_for(lambda: cluster.condition(name, "Ready"), f"{name} status")
+        wait_for(lambda: ((cluster.get("workerpool", config.pool_name) or {}).get("status") or {}).get("desiredReplicas") == 2,
+                 "the pool sized for shared-a's two copies")
         wait_for(lambda: _count(caplog, "Timer") >= 2, "a status refresh of each model")
         before = _snapshot(cluster)
 

@@ -26,9 +26,10 @@ def _containers(template: dict) -> dict[str, dict]:
     return {c["name"]: c for c in template["spec"]["containers"]}
 
 
-def test_dedicated_deployment_pins_its_model_on_min_replicas() -> None:
+def test_dedicated_deployment_pins_its_model_and_leaves_replicas_to_the_autoscaler() -> None:
+    assert workloads.build_dedicated_deployment(_spec(), _body(), _config(), replicas=2)["spec"]["replicas"] == 2
     deployment = workloads.build_dedicated_deployment(_spec(), _body(), _config())
-    assert deployment["spec"]["replicas"] == 2
+    assert "replicas" not in deployment["spec"]  # the autoscaler's field manager owns them
     assert deployment["metadata"]["ownerReferences"][0]["uid"] == "1234"
     template = deployment["spec"]["template"]
     assert deployment["spec"]["selector"]["matchLabels"].items() <= template["metadata"]["labels"].items()

@@ -1,0 +1,39 @@
+"""The operator's Prometheus metrics: pool sizes, what the autoscaler wants, quota use.
+
+A registry of its own (no globals), served on ``metrics_port`` by main() when
+one is set; the dashboard and alerts in the chart read these names
+(``modelplane_common.metrics``).
+"""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from modelplane_common import metrics as names
+
+POOL_LABELS = ["namespace", "pool"]
+
+
+class OperatorMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.pods = Gauge(names.POOL_PODS, "Pods a pool's Deployment asks for", POOL_LABELS, registry=r)
+        self.desired = Gauge(names.POOL_DESIRED_PODS, "Pods the autoscaler wants", POOL_LABELS, registry=r)
+        self.min_pods = Gauge(names.POOL_MIN_PODS, "A pool's minimum", POOL_LABELS, registry=r)
+        self.max_pods = Gauge(names.POOL_MAX_PODS, "A pool's maximum", POOL_LABELS, registry=r)
+        self.lower_bound = Gauge(names.POOL_LOWER_BOUND_PODS, "Fewest pods any packing of the wanted copies uses",
+                                 POOL_LABELS, registry=r)
+        self.wanted_bytes = Gauge(names.POOL_WANTED_BYTES, "Bytes of the copies a pool should hold", POOL_LABELS,
+                                  registry=r)
+        self.scale_events = Counter(names.POOL_SCALE_EVENTS_TOTAL.removesuffix("_total"), "Pool size changes",
+                                    [*POOL_LABELS, "direction"], registry=r)
+        self.quota_used = Gauge(names.QUOTA_USED, "What accepted models may take of a namespace's quota",
+                                ["namespace", "resource"], registry=r)
+        self.quota_limit = Gauge(names.QUOTA_LIMIT, "A namespace's quota", ["namespace", "resource"], registry=r)
+        self.quota_refused = Gauge(names.QUOTA_REFUSED_MODELS, "ServedModels refused for their namespace's quota",
+                                   ["namespace"], registry=r)
+
+    def scaled(self, namespace: str, pool: str, before: int, after: int) -> None:
+        if after != before:
+            self.scale_events.labels(namespace, pool, "up" if after > before else "down").inc()
+        self.pods.labels(namespace, pool).set(after)

@@ -1,0 +1,63 @@
+"""Which ServedModels are accepted: quotas per namespace, names across namespaces (pure, no servers).
+
+The same rules against the real API server and operator: test_namespaces_and_quotas.py.
+"""
+from __future__ import annotations
+
+from modelplane_common.spec import ModelSpec
+from modelplane_operator import admission
+from modelplane_operator.index import ModelEntry, Quota
+from modelplane_testing.operator_harness import operator_config
+
+GI = 2**30
+
+
+def entry(namespace: str, name: str, created: str, gib: float = 1, max_copies: int = 1,
+          placement: str = "shared") -> ModelEntry:
+    spec = ModelSpec(id=name, framework="torchvision", source=f"pvc://m/{name}", memory=int(gib * GI),
+                     replicas={"min": 0, "max": max_copies}, placement=placement)
+    return ModelEntry(namespace=namespace, name=name, uid=f"uid-{name}", created=created, spec=spec, problems=())
+
+
+CONFIG = operator_config("ops", gpus_per_pod=1, pod_memory_budget="4Gi")
+
+
+def test_models_are_admitted_in_creation_order_until_the_quota_is_used():
+    entries = [entry("team-a", "first", "2026-01-01T00:00:01Z", gib=2, max_copies=2),  # 4 GiB
+               entry("team-a", "second", "2026-01-01T00:00:02Z", gib=3),  # 3 GiB: 7 > 6
+               entry("team-a", "third", "2026-01-01T00:00:03Z", gib=1, max_copies=2),  # 2 GiB: 6 fits
+               entry("team-b", "other", "2026-01-01T00:00:00Z", gib=30)]  # another namespace, no quota
+    decided = admission.decide(entries, {"team-a": [Quota("team-a", "q", memory=6 * GI)]}, CONFIG)
+    verdicts = {name: d.accepted for (_, name), d in decided.decisions.items()}
+    assert verdicts == {"first": True, "second": False, "third": True, "other": True}
+    refusal = decided.decisions[("team-a", "second")]
+    assert refusal.reason == "QuotaExceeded"
+    assert "ModelQuota q allows 6.0Gi" in refusal.message and "4.0Gi are taken" in refusal.message
+    assert decided.usage["team-a"].memory == 6 * GI and decided.refused_in("team-a") == ["second"]
+
+
+def test_copies_and_gpus_are_limited_too():
+    entries = [entry("t", "shared", "1", gib=2, max_copies=2),  # 2 copies, 2 x 2/4 of a 1-GPU pod = 1 GPU
+               entry("t", "own", "2", max_copies=2, placement="dedicated")]  # 2 pods x 1 GPU
+    decided = admission.decide(entries, {"t": [Quota("t", "q", copies=4, gpus=2.5)]}, CONFIG)
+    own = decided.decisions[("t", "own")]
+    assert not own.accepted and "gpus: ModelQuota q allows 2.5 GPUs; 1.00 are taken and this model needs 2.00" in own.message
+    decided = admission.decide(entries, {"t": [Quota("t", "q", copies=3)]}, CONFIG)
+    assert "copies: ModelQuota q allows 3 copies" in decided.decisions[("t", "own")].message
+
+
+def test_a_name_served_from_another_namespace_is_refused_and_the_earlier_keeps_it():
+    entries = [entry("team-b", "sentiment", "2026-01-01T00:00:02Z"), entry("team-a", "sentiment", "2026-01-01T00:00:01Z")]
+    decided = admission.decide(entries, {}, CONFIG)
+    assert decided.decisions[("team-a", "sentiment")].accepted
+    later = decided.decisions[("team-b", "sentiment")]
+    assert (later.accepted, later.reason) == (False, "NameConflict") and "namespace 'team-a'" in later.message
+
+
+def test_a_deleted_model_frees_its_quota():
+    first = entry("t", "first", "1", gib=4)
+    second = entry("t", "second", "2", gib=4)
+    quota = {"t": [Quota("t", "q", memory=4 * GI)]}
+    assert not admission.decide([first, second], quota, CONFIG).decisions[("t", "second")].accepted
+    gone = ModelEntry(**{**first.__dict__, "deleting": True})
+    assert admission.decide([gone, second], quota, CONFIG).decisions[("t", "second")].accepted

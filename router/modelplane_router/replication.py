@@ -18,6 +18,8 @@ import dataclasses
 import time
 from typing import Callable
 
+from modelplane_common.spec import DEFAULT_IDLE_SECONDS
+
 
 @dataclasses.dataclass(frozen=True)
 class ReplicationSettings:
@@ -35,6 +37,8 @@ class ModelLimits:
     # placement: dedicated: the model's copies are its own pods, which pin it (the operator's
     # dedicated Deployment has min pods), so the router neither pre-loads nor replicates it.
     dedicated: bool = False
+    # replicas.idleSeconds: a copy used this recently is still wanted (moved off a draining pod).
+    idle_s: float = float(DEFAULT_IDLE_SECONDS)
 
 
 @dataclasses.dataclass(frozen=True)

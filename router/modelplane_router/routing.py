@@ -26,9 +26,10 @@ from typing import Awaitable, Callable, Mapping
 
 from modelplane_common import errors
 from modelplane_common.quantity import format_bytes
-from modelplane_common.wire import TIMEOUT_HEADER
+from modelplane_common.wire import TIMEOUT_HEADER, CopyState
 from modelplane_router import placement, prefix_routing
 from modelplane_router.model_map import ModelMap
+from modelplane_router.pod_waiter import PodWaiter
 from modelplane_router.replication import Action, ModelLimits, ReplicationPolicy
 from modelplane_router.status_sync import StatusSync
 from modelplane_router.telemetry import RouterMetrics
@@ -70,9 +71,10 @@ class Router:
         self.eligible = eligible  # (model, pod url) -> may a new copy go there (dedicated pools)
         self.clock = clock
         self.request_timeout_s = request_timeout_s
-        self._loads: dict[str, asyncio.Future[None]] = {}
+        self._loads: dict[str, asyncio.Future[str | None]] = {}
         self._retry: dict[str, tuple[float, float]] = {}  # model -> (no background load before, last delay)
         self._background: set[asyncio.Task[None]] = set()
+        self.pod_waiter: PodWaiter | None = None  # cluster mode: hold a request while a pod of its model starts
 
     # --- choosing a copy --------------------------------------------------------------
 
@@ -408,12 +410,29 @@ class Router:
                 continue  # its own pods pin it; it is never placed on a pod of another pool
             ready = self.model_map.ready_copies(model)
             loading = self.model_map.loading_copies(model)
+            if self._move_off_draining(model, limits, ready, loading):
+                continue
             if len(ready) + len(loading) < limits.min_copies:
                 self._start_load(model, ready, reason="min")
                 continue
             action = self.policy.decide(model, len(ready), len(loading), self.model_map.model_inflight(model), limits)
             if action is not None:
                 self._carry_out(action, ready)
+
+    def _move_off_draining(self, model: str, limits: ModelLimits, ready: list[str], loading: list[str]) -> bool:
+        """A pod the operator drains loses its copies with it: load elsewhere those still wanted (its
+        min copies, or 1 when a copy there was used within the model's idle time). True: started."""
+        draining = [(p, c) for p, c in self.model_map.copies_of(model)
+                    if p.draining and p.ready and c.state == CopyState.READY]
+        if not draining:
+            return False
+        staying = [u for u in ready if not self.model_map.pod(u) or not self.model_map.pod(u).draining]
+        used = any(c.frequency > 0 and c.last_used_s < limits.idle_s for _, c in draining)
+        wanted = max(limits.min_copies, 1 if used else 0)
+        if len(staying) + len(loading) >= wanted:
+            return False
+        self._start_load(model, sorted({*ready, *(p.url for p, _ in draining)}), reason="move")
+        return True
 
     def _carry_out(self, action: Action, ready: list[str]) -> None:
         if action.kind == "add":

@@ -14,6 +14,7 @@ from modelplane_common.spec import Placement
 from modelplane_router import placement
 from modelplane_router.discovery import Discovery
 from modelplane_router.model_map import ModelMap
+from modelplane_router.pod_waiter import PodWaiter
 from modelplane_router.replication import ModelLimits, ReplicationPolicy, ReplicationSettings
 from modelplane_router.routing import Router
 from modelplane_router.status_sync import StatusSync
@@ -57,10 +58,17 @@ class RouterService:
             self.eligible,
             request_timeout_s=settings.request_timeout_s,
         )
+        mark_wanted = getattr(discovery, "mark_wanted", None)  # cluster mode: pods can be started
+        if mark_wanted is not None:
+            self.router.pod_waiter = PodWaiter(self.model_map, self.sync, discovery, discovery,  # type: ignore[arg-type]
+                                               self.eligible, self.metrics)
         self._tasks: list[asyncio.Task[None]] = []
 
     def eligible(self, model: str, url: str) -> bool:
-        """Whether `url` may receive a new copy of `model`: dedicated groups hold only their own model."""
+        """Whether `url` may receive a new copy of `model`: dedicated groups hold only their own model,
+        and a pod the operator is draining gets nothing new."""
+        if self.discovery.draining(url):
+            return False
         pool = self.discovery.pool_of(url)
         if not pool:
             return True
@@ -74,7 +82,8 @@ class RouterService:
         spec = self.discovery.spec_of(model)
         if spec is None:
             return ModelLimits(0, self.settings.default_max_copies)
-        return ModelLimits(spec.replicas.min, spec.replicas.max, dedicated=spec.placement == Placement.DEDICATED)
+        return ModelLimits(spec.replicas.min, spec.replicas.max, dedicated=spec.placement == Placement.DEDICATED,
+                           idle_s=spec.replicas.idle_seconds)
 
     async def start(self) -> None:
         await self.sync.refresh_all()

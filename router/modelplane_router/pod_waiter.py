@@ -1,0 +1,87 @@
+"""Scale from zero: a request for a model no ready pod can serve waits while a pod of it starts.
+
+A dedicated group with ``replicas.min: 0`` (or a pool allowed to shrink to
+no pods) has no pod after its idle time. The first request for it then finds
+no pod whose catalog lists the model. Instead of answering 503 at once, the
+router asks the operator for a pod (it annotates the model's ServedModel
+with ``modelplane.io/wanted-at``: the one write the router makes), and holds
+the request until the status sync brings a ready pod that can serve it, or
+until the request's deadline passes; the normal path then forwards it (a
+cold load on the new pod) or answers 503 with Retry-After. Nothing polls on
+the request path: the request waits for the sync's next pass.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Callable, Protocol
+
+from modelplane_router.discovery import Discovery
+from modelplane_router.model_map import ModelMap
+from modelplane_router.status_sync import StatusSync
+from modelplane_router.telemetry import RouterMetrics
+
+log = logging.getLogger(__name__)
+MARK_EVERY_S = 5.0  # re-annotate while requests keep waiting, so the operator sees the demand is live
+
+
+class MarksWanted(Protocol):
+    def mark_wanted(self, model: str, value: str) -> None: ...
+
+
+class PodWaiter:
+    def __init__(self, model_map: ModelMap, sync: StatusSync, discovery: Discovery, marker: MarksWanted,
+                 eligible: Callable[[str, str], bool], metrics: RouterMetrics,
+                 wall: Callable[[], float] = time.time) -> None:
+        self.model_map = model_map
+        self.sync = sync
+        self.discovery = discovery
+        self.marker = marker
+        self.eligible = eligible
+        self.metrics = metrics
+        self.wall = wall
+        self._marked: dict[str, float] = {}  # model -> event-loop time of its last annotation
+        self._marking: set[asyncio.Task[None]] = set()
+
+    def can_serve(self, model: str) -> bool:
+        """A ready copy, or a ready pod of the model's pool whose catalog lists it."""
+        if self.model_map.ready_copies(model):
+            return True
+        return any(self.eligible(model, pod.url) for pod in self.model_map.pods_with_catalog(model))
+
+    async def wait(self, model: str, deadline: float) -> None:
+        """Hold until a pod can serve `model` or `deadline` (event-loop time) passes; at once when one
+        can, or when no ServedModel declares the model (the normal path answers then)."""
+        if self.can_serve(model) or self.discovery.spec_of(model) is None:
+            return
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        log.info("no pod can serve %s: asking for one and holding the request (%.0fs left)", model, deadline - started)
+        while not self.can_serve(model):
+            left = deadline - loop.time()
+            if left <= 0:
+                self.metrics.pod_waits.labels(model, "deadline").inc()
+                return
+            self._mark(model, loop.time())
+            try:
+                await asyncio.wait_for(self.sync.changed(), min(left, MARK_EVERY_S))
+            except (asyncio.TimeoutError, TimeoutError):
+                pass
+        self.metrics.pod_waits.labels(model, "served").inc()
+        self.metrics.pod_wait.labels(model).observe(loop.time() - started)
+
+    def _mark(self, model: str, now: float) -> None:
+        """Annotate the model's ServedModel, at most every MARK_EVERY_S, off the event loop."""
+        if now - self._marked.get(model, float("-inf")) < MARK_EVERY_S:
+            return
+        self._marked[model] = now
+        task = asyncio.ensure_future(asyncio.to_thread(self._annotate, model, f"{self.wall():.3f}"))
+        self._marking.add(task)
+        task.add_done_callback(self._marking.discard)
+
+    def _annotate(self, model: str, value: str) -> None:
+        try:
+            self.marker.mark_wanted(model, value)
+        except Exception as exc:  # the request keeps waiting; the next mark tries again
+            log.warning("could not ask for a pod of %s: %s", model, exc)

@@ -221,6 +221,8 @@ class Router:
         join) and serves it as soon as it is ready, before the copy could be evicted. `load=False`
         (metadata): never place a copy; any pod that can load the model answers from its store."""
         deadline = self.deadline(headers)
+        if load:
+            await self.hold_for_pod(model, deadline)
         tried: list[str] = []
         response: UpstreamResponse | None = None
         for attempt in range(2):
@@ -242,6 +244,12 @@ class Router:
         if response is not None:
             return response  # a 5xx with no other copy to try: the worker's answer stands
         raise errors.BackendUnavailable(f"no ready copy of {model!r} answered", self.retry_after_s)
+
+    async def hold_for_pod(self, model: str, deadline: float) -> None:
+        """Scale from zero: with no pod able to serve `model`, wait (within `deadline`) while one starts
+        (pod_waiter.py); at once otherwise, and always in standalone mode."""
+        if self.pod_waiter is not None:
+            await self.pod_waiter.wait(model, deadline)
 
     def _target(self, model: str, tried: list[str], load: bool) -> tuple[str, bool] | None:
         """Where the next attempt goes: a ready copy; else a copy loading now; else a new placement
@@ -306,6 +314,7 @@ class Router:
         with no copy goes where its base is loaded. A pod that fails, or answers 5xx, before its
         answer starts costs one retry elsewhere; once an answer streams, it is the answer."""
         deadline = self.deadline(headers)
+        await self.hold_for_pod(model, deadline)
         tried: list[str] = []
         refused: UpstreamStream | None = None
         for attempt in range(2):

@@ -1,0 +1,253 @@
+"""A stand-in kubelet for autoscaling tests and benchmarks (test infrastructure, not product code).
+
+The real control plane of ``kube_cluster`` has no kubelet: pods are created by
+the real controller-manager and bound by the real scheduler to a Node the
+player registers, but nothing runs them. The player does, for worker pods:
+
+- a pod bound to its node gets a real ``modelplane-worker`` process serving
+  the test-only ballast framework (``tests/router/ballast_worker_main.py``),
+  on a loopback address of its own (127.0.x.y, the pod IP) and the one worker
+  port, with the pod's own settings: its model store (the ConfigMap key its
+  ``model-store`` volume mounts, rewritten when the ConfigMap changes, as the
+  kubelet refreshes a ConfigMap volume), pinned models and memory budget from
+  its environment;
+- once the worker answers ``/v2/health/ready``, the pod's status says
+  Running and Ready with that IP (a kubelet's status update);
+- a pod being deleted gets SIGTERM (the worker drains), then its Pod object
+  goes (``grace_period_seconds=0``, what a kubelet confirms).
+
+``start_delay_s`` stands for image pull and container start, which this
+machine does not have. What it does not emulate: probes after the first
+readiness, restarts, resource limits.
+"""
+from __future__ import annotations
+
+import ipaddress
+import json
+import logging
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from modelplane_testing import processes
+from modelplane_testing.kube_cluster import KubeCluster, register_node
+
+log = logging.getLogger(__name__)
+ROOT = Path(__file__).resolve().parents[2]
+BALLAST_LAUNCHER = [sys.executable, str(ROOT / "tests" / "router" / "ballast_worker_main.py")]
+SELECTOR = "app.kubernetes.io/part-of=modelplane,app.kubernetes.io/component=worker"
+
+
+@dataclass
+class PlayedPod:
+    namespace: str
+    name: str
+    ip: str
+    store: Path
+    configmap: str
+    key: str
+    process: processes.Process | None = None
+    ready_at: float = 0.0
+    started_at: float = field(default_factory=time.monotonic)
+
+
+def _bindable(ip: str, port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind((ip, port))
+        except OSError:
+            return False
+    return True
+
+
+class PodPlayer:
+    """Runs the worker pods bound to one Node as local processes; ``with PodPlayer(...) as player:``."""
+
+    def __init__(self, cluster: KubeCluster, workdir: Path, port: int, source_root: Path, node: str = "node-a",
+                 start_delay_s: float = 0.0, first_ip: str = "127.0.60.1", extra_args: tuple[str, ...] = ()) -> None:
+        from kubernetes import client, config
+
+        self.cluster = cluster
+        self.workdir = workdir
+        self.port = port
+        self.source_root = source_root
+        self.node = node
+        self.start_delay_s = start_delay_s
+        self.extra_args = extra_args
+        self._api = config.new_client_from_config(str(cluster.kubeconfig))
+        self._core = client.CoreV1Api(self._api)
+        self._next_ip = ipaddress.IPv4Address(first_ip)
+        self._pods: dict[tuple[str, str], PlayedPod] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._watch: Any = None
+        self.events: list[tuple[float, str, str]] = []  # (monotonic time, "ready"/"gone", pod name)
+
+    # --- lifecycle ---------------------------------------------------------------------
+
+    def __enter__(self) -> "PodPlayer":
+        register_node(self.cluster, self.node, cpu="64", memory="256Gi", gpus=64)
+        for target in (self._watch_pods, self._refresh_stores):
+            thread = threading.Thread(target=target, name=f"pod-player-{target.__name__}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        if self._watch is not None:
+            self._watch.stop()
+        with self._lock:
+            played = list(self._pods.values())
+        for pod in played:
+            if pod.process is not None:
+                pod.process.stop(10)
+        self._api.close()
+
+    # --- what tests read -----------------------------------------------------------------
+
+    def running(self) -> list[str]:
+        """Names of the pods whose worker answers now."""
+        with self._lock:
+            return sorted(p.name for p in self._pods.values() if p.ready_at and p.process and p.process.alive())
+
+    def url_of(self, name: str) -> str:
+        with self._lock:
+            pod = next(p for p in self._pods.values() if p.name == name)
+        return f"http://{pod.ip}:{self.port}"
+
+    # --- the kubelet's part ----------------------------------------------------------------
+
+    def _allocate_ip(self) -> str:
+        while True:
+            ip = str(self._next_ip)
+            self._next_ip += 1
+            if _bindable(ip, self.port):
+                return ip
+
+    def _watch_pods(self) -> None:
+        from kubernetes import watch
+
+        while not self._stop.is_set():
+            try:
+                self._watch = watch.Watch()
+                for event in self._watch.stream(self._core.list_pod_for_all_namespaces, label_selector=SELECTOR,
+                                                field_selector=f"spec.nodeName={self.node}", timeout_seconds=60):
+                    self._on_pod(event["type"], event["object"])
+                    if self._stop.is_set():
+                        return
+            except Exception as exc:  # a watch that ends is restarted, as the kubelet's is
+                if not self._stop.is_set():
+                    log.warning("pod watch ended: %s", exc)
+                    self._stop.wait(0.5)
+
+    def _on_pod(self, kind: str, pod: Any) -> None:
+        key = (pod.metadata.namespace, pod.metadata.name)
+        with self._lock:
+            known = self._pods.get(key)
+        if kind == "DELETED":
+            if known is not None:
+                self._terminate(known, delete=False)
+            return
+        if pod.metadata.deletion_timestamp is not None:
+            if known is not None:
+                threading.Thread(target=self._terminate, args=(known,), daemon=True).start()
+            else:
+                self._delete(key)
+            return
+        if known is None:
+            played = self._admit(pod)
+            threading.Thread(target=self._start, args=(played, pod), daemon=True).start()
+
+    def _admit(self, pod: Any) -> PlayedPod:
+        volume = next(v for v in pod.spec.volumes if v.name == "model-store")
+        folder = self.workdir / pod.metadata.namespace / pod.metadata.name
+        folder.mkdir(parents=True, exist_ok=True)
+        with self._lock:
+            played = PlayedPod(pod.metadata.namespace, pod.metadata.name, self._allocate_ip(), folder / "models.json",
+                               volume.config_map.name, volume.config_map.items[0].key)
+            self._pods[(played.namespace, played.name)] = played
+        self._write_store(played)
+        return played
+
+    def _env(self, pod: Any) -> dict[str, str]:
+        worker = pod.spec.containers[0]
+        return {e.name: e.value or "" for e in worker.env or [] if e.value is not None}
+
+    def _start(self, played: PlayedPod, pod: Any) -> None:
+        if self._stop.wait(self.start_delay_s):
+            return
+        env = self._env(pod)
+        argv = [*BALLAST_LAUNCHER, "--model-store", str(played.store), "--host", played.ip, "--port", str(self.port),
+                "--memory-budget", env.get("MODELPLANE_MEMORY_BUDGET", "1Gi"), "--pod-name", played.name,
+                "--pinned", env.get("MODELPLANE_PINNED_MODELS", ""), "--triton-url", "",
+                "--source-root", f"models={self.source_root}", "--min-residency-s", "0", *self.extra_args]
+        process = processes.spawn(played.name, argv, self.workdir / f"{played.namespace}-{played.name}.log",
+                                  url=f"http://{played.ip}:{self.port}")
+        with self._lock:
+            played.process = process
+        try:
+            processes.wait_http(process, "/v2/health/ready", 120)
+        except Exception as exc:  # a worker that never gets ready stays unready, as a pod would
+            log.warning("pod %s never got ready: %s", played.name, exc)
+            return
+        self._core.patch_namespaced_pod_status(played.name, played.namespace, {"status": {
+            "phase": "Running", "podIP": played.ip, "podIPs": [{"ip": played.ip}], "hostIP": "127.0.0.1",
+            "conditions": [{"type": "Ready", "status": "True"}, {"type": "ContainersReady", "status": "True"},
+                           {"type": "PodScheduled", "status": "True"}, {"type": "Initialized", "status": "True"}],
+        }})
+        played.ready_at = time.monotonic()
+        self.events.append((played.ready_at, "ready", played.name))
+
+    def _terminate(self, played: PlayedPod, delete: bool = True) -> None:
+        with self._lock:
+            if self._pods.pop((played.namespace, played.name), None) is None:
+                return
+        if played.process is not None:
+            played.process.stop(30)
+        self.events.append((time.monotonic(), "gone", played.name))
+        if delete:
+            self._delete((played.namespace, played.name))
+
+    def _delete(self, key: tuple[str, str]) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            self._core.delete_namespaced_pod(key[1], key[0], grace_period_seconds=0)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    # --- ConfigMap volumes ---------------------------------------------------------------------
+
+    def _write_store(self, played: PlayedPod) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            configmap = self._core.read_namespaced_config_map(played.configmap, played.namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return
+            raise
+        document = (configmap.data or {}).get(played.key)
+        if document is None:
+            document = json.dumps({"models": []})
+        if not played.store.exists() or played.store.read_text() != document:
+            partial = played.store.with_suffix(".tmp")
+            partial.write_text(document)
+            partial.replace(played.store)  # the worker never reads half a file
+
+    def _refresh_stores(self) -> None:
+        while not self._stop.wait(0.5):  # the kubelet's periodic ConfigMap volume sync, made quick
+            with self._lock:
+                played = list(self._pods.values())
+            for pod in played:
+                try:
+                    self._write_store(pod)
+                except Exception as exc:  # the next sync tries again
+                    log.warning("model store of %s: %s", pod.name, exc)

@@ -126,6 +126,9 @@ class Converger:
         """Create `namespace`'s WorkerPool if it should exist and does not (startup, a first model)."""
         manifest = self.pool_manifest(namespace, entries)
         if manifest is not None:
+            # Created with a size, so its scale subresource answers before anyone scaled it; the
+            # operator's later applies leave spec.replicas to the autoscaler.
+            manifest["spec"]["replicas"] = manifest["spec"]["minReplicas"]
             self.kube.create_if_absent(manifest, kinds.WORKER_POOLS)
 
     def is_managed(self, namespace: str, name: str) -> bool:

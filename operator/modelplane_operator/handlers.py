@@ -208,7 +208,8 @@ def build_registry(config: OperatorConfig, metrics: OperatorMetrics | None = Non
         memo.converger = converger
         if config.pool_mode is PoolMode.SHARED:
             await asyncio.to_thread(converger.ensure_pool, config.namespace, [])
-        state["loop"] = asyncio.ensure_future(pool_loop(converger, served_models, model_quotas, logger))
+        state["loop"] = asyncio.ensure_future(pool_loop(converger, served_models, model_quotas,
+                                                        logging.getLogger("modelplane_operator.pools")))
 
     @kopf.on.cleanup(registry=registry)
     async def stop_loop(**_: Any) -> None:

@@ -5,9 +5,9 @@ no pods) has no pod after its idle time. The first request for it then finds
 no pod whose catalog lists the model. Instead of answering 503 at once, the
 router asks the operator for a pod (it annotates the model's ServedModel
 with ``modelplane.io/wanted-at``: the one write the router makes), and holds
-the request until the status sync brings a ready pod that can serve it, or
-until the request's deadline passes; the normal path then forwards it (a
-cold load on the new pod) or answers 503 with Retry-After. Nothing polls on
+the request until the status sync brings a ready pod that can serve it (the
+normal path then forwards it: a cold load on the new pod), or answers 503
+with Retry-After once the request's deadline passes. Nothing polls on
 the request path: the request waits for the sync's next pass.
 """
 from __future__ import annotations
@@ -17,13 +17,14 @@ import logging
 import time
 from typing import Callable, Protocol
 
+from modelplane_common import errors
 from modelplane_router.discovery import Discovery
 from modelplane_router.model_map import ModelMap
 from modelplane_router.status_sync import StatusSync
 from modelplane_router.telemetry import RouterMetrics
 
 log = logging.getLogger(__name__)
-MARK_EVERY_S = 5.0  # re-annotate while requests keep waiting, so the operator sees the demand is live
+MARK_EVERY_S = 1.0  # re-annotate while requests keep waiting: the operator sees the demand is still live
 
 
 class MarksWanted(Protocol):
@@ -32,7 +33,7 @@ class MarksWanted(Protocol):
 
 class PodWaiter:
     def __init__(self, model_map: ModelMap, sync: StatusSync, discovery: Discovery, marker: MarksWanted,
-                 eligible: Callable[[str, str], bool], metrics: RouterMetrics,
+                 eligible: Callable[[str, str], bool], metrics: RouterMetrics, retry_after_s: int = 5,
                  wall: Callable[[], float] = time.time) -> None:
         self.model_map = model_map
         self.sync = sync
@@ -40,6 +41,7 @@ class PodWaiter:
         self.marker = marker
         self.eligible = eligible
         self.metrics = metrics
+        self.retry_after_s = retry_after_s
         self.wall = wall
         self._marked: dict[str, float] = {}  # model -> event-loop time of its last annotation
         self._marking: set[asyncio.Task[None]] = set()
@@ -51,8 +53,8 @@ class PodWaiter:
         return any(self.eligible(model, pod.url) for pod in self.model_map.pods_with_catalog(model))
 
     async def wait(self, model: str, deadline: float) -> None:
-        """Hold until a pod can serve `model` or `deadline` (event-loop time) passes; at once when one
-        can, or when no ServedModel declares the model (the normal path answers then)."""
+        """Hold until a pod can serve `model`; at once when one can, or when no ServedModel declares the
+        model (the normal path answers then). Past `deadline` (event-loop time): 503 + Retry-After."""
         if self.can_serve(model) or self.discovery.spec_of(model) is None:
             return
         loop = asyncio.get_running_loop()
@@ -62,7 +64,9 @@ class PodWaiter:
             left = deadline - loop.time()
             if left <= 0:
                 self.metrics.pod_waits.labels(model, "deadline").inc()
-                return
+                raise errors.BackendUnavailable(
+                    f"no pod of {model!r} is ready yet: one was asked for {loop.time() - started:.1f}s ago and is "
+                    "starting; the request's deadline passed first", self.retry_after_s)
             self._mark(model, loop.time())
             try:
                 await asyncio.wait_for(self.sync.changed(), min(left, MARK_EVERY_S))

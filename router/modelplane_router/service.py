@@ -61,7 +61,7 @@ class RouterService:
         mark_wanted = getattr(discovery, "mark_wanted", None)  # cluster mode: pods can be started
         if mark_wanted is not None:
             self.router.pod_waiter = PodWaiter(self.model_map, self.sync, discovery, discovery,  # type: ignore[arg-type]
-                                               self.eligible, self.metrics)
+                                               self.eligible, self.metrics, settings.retry_after_s)
         self._tasks: list[asyncio.Task[None]] = []
 
     def eligible(self, model: str, url: str) -> bool:

@@ -1,0 +1,95 @@
+"""Several namespaces, their pools and their quotas, against the real API server and operator."""
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Iterator
+
+import pytest
+
+from modelplane_testing.operator_harness import Cluster, operator_config, running_operator, served_model, wait_for
+
+pytestmark = [pytest.mark.kube]
+
+
+@pytest.fixture
+def teams(cluster: Cluster) -> Iterator[tuple[Cluster, Cluster]]:
+    """Two more namespaces beside the operator's own (deleted afterwards)."""
+    names = [f"team-{uuid.uuid4().hex[:6]}" for _ in range(2)]
+    for name in names:
+        cluster.kube.kubectl("create", "namespace", name)
+    try:
+        yield Cluster(cluster.kube, names[0]), Cluster(cluster.kube, names[1])
+    finally:
+        for name in names:
+            cluster.kube.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+def store_models(cluster: Cluster, key: str = "models.json") -> list[str]:
+    data = ((cluster.get("configmap", "modelplane-models") or {}).get("data") or {}).get(key)
+    return sorted(m["id"] for m in json.loads(data)["models"]) if data else []
+
+
+def accepted(cluster: Cluster, name: str) -> dict:
+    return wait_for(lambda: cluster.condition(name, "Accepted"), f"Accepted on {name} in {cluster.namespace}")
+
+
+def test_a_model_over_its_namespace_quota_is_refused_with_the_reason_until_the_quota_grows(cluster: Cluster) -> None:
+    with running_operator(operator_config(cluster.namespace)):
+        cluster.apply({"apiVersion": "modelplane.io/v1alpha1", "kind": "ModelQuota", "metadata": {"name": "team"},
+                       "spec": {"memory": "2Gi", "copies": 4}})
+        cluster.apply(served_model("first", memory="1Gi", replicas={"min": 0, "max": 1}))
+        assert accepted(cluster, "first")["status"] == "True"
+        cluster.apply(served_model("second", memory="1Gi", replicas={"min": 0, "max": 2}))  # 2 GiB more
+        refused = accepted(cluster, "second")
+        assert (refused["status"], refused["reason"]) == ("False", "QuotaExceeded")
+        assert "ModelQuota team allows 2.0Gi of models" in refused["message"] and "1.0Gi are taken" in refused["message"]
+        assert "QuotaExceeded" in {e["reason"] for e in cluster.events("second")}
+        quota = wait_for(lambda: ((q := cluster.get("modelquota", "team")) or {}).get("status", {}).get("refused") and q,
+                         "the quota's status")
+        assert quota["status"] == {"used": {"memory": "1.0Gi", "copies": 1, "gpus": 0.25}, "refused": ["second"]}
+        wait_for(lambda: store_models(cluster) == ["first"], "only the accepted model in the workers' store")
+
+        cluster.kubectl("patch", "modelquota", "team", "--type=merge", "-p", '{"spec": {"memory": "4Gi"}}')
+        wait_for(lambda: (cluster.condition("second", "Accepted") or {}).get("status") == "True",
+                 "second accepted once the quota grew")
+        wait_for(lambda: store_models(cluster) == ["first", "second"], "second in the workers' store")
+
+
+def test_one_shared_pool_serves_every_watched_namespace_and_names_stay_unique(cluster: Cluster, teams) -> None:
+    team_a, team_b = teams
+    config = operator_config(cluster.namespace, watch_namespaces=(team_a.namespace, team_b.namespace))
+    with running_operator(config):
+        team_a.apply(served_model("sentiment", memory="1Gi", replicas={"min": 1, "max": 1}))
+        team_b.apply(served_model("vision", memory="1Gi", replicas={"min": 1, "max": 1}))
+        wait_for(lambda: store_models(cluster) == ["sentiment", "vision"], "both teams' models in the shared pool's store")
+        wait_for(lambda: ((cluster.get("workerpool", config.pool_name) or {}).get("status") or {}).get("desiredReplicas") == 1,
+                 "the shared pool sized for both")
+        assert team_a.get("deployment", config.pool_name) is None  # no pool of their own
+
+        team_b.apply(served_model("sentiment", memory="1Gi"))  # the name team-a serves
+        clash = accepted(team_b, "sentiment")
+        assert (clash["status"], clash["reason"]) == ("False", "NameConflict")
+        assert f"already served from namespace '{team_a.namespace}'" in clash["message"]
+        assert (team_a.condition("sentiment", "Accepted") or {}).get("status") == "True"
+
+
+def test_each_namespace_can_have_a_pool_of_its_own(cluster: Cluster, teams) -> None:
+    team_a, team_b = teams
+    config = operator_config(cluster.namespace, watch_namespaces=(team_a.namespace, team_b.namespace),
+                             pool_mode="namespace")
+    with running_operator(config):
+        team_a.apply(served_model("a-model", memory="1Gi", replicas={"min": 2, "max": 2}))
+        team_b.apply(served_model("b-model", memory="1Gi", replicas={"min": 1, "max": 1}))
+        wait_for(lambda: store_models(team_a) == ["a-model"] and store_models(team_b) == ["b-model"],
+                 "each namespace's store listing only its models")
+        wait_for(lambda: ((team_a.get("deployment", config.pool_name) or {}).get("spec") or {}).get("replicas") == 2,
+                 "team-a's pool sized for its two copies")
+        wait_for(lambda: ((team_b.get("deployment", config.pool_name) or {}).get("spec") or {}).get("replicas") == 1,
+                 "team-b's pool")
+        assert cluster.get("deployment", config.pool_name) is None  # the operator's namespace has no models
+
+        # The pool goes with the namespace's last shared model (its WorkerPool's owners).
+        team_b.kubectl("delete", "servedmodel", "b-model", "--timeout=30s")
+        wait_for(lambda: team_b.get("workerpool", config.pool_name) is None
+                 and team_b.get("deployment", config.pool_name) is None, "team-b's pool gone with its model", 60)

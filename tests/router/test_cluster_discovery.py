@@ -206,3 +206,50 @@ def test_served_model_min_replicas_are_loaded_before_any_request(cluster, kube, 
         assert copies(router.url, "m") == []  # min 0: loaded on demand only
     finally:
         custom.delete_namespaced_custom_object("modelplane.io", "v1alpha1", "default", "servedmodels", "pre")
+
+
+def test_discovery_across_namespaces_reads_drains_and_keeps_the_accepted_name(kube, served_model_crd):
+    """Watched namespaces (or all); the operator's drain mark; a name two namespaces declare goes to the
+    ServedModel the operator accepted; the router's one write, the wanted-at annotation, lands on it."""
+    from kubernetes import client
+    from modelplane_router.discovery import KubeDiscovery
+
+    core, custom = client.CoreV1Api(kube), client.CustomObjectsApi(kube)
+    namespaces = ["disc-a", "disc-b"]
+    for name in namespaces:
+        core.create_namespace({"metadata": {"name": name}})
+    discovery = KubeDiscovery("default", SELECTOR, 8080, api_client=kube, namespaces=["*"])
+    try:
+        for namespace, ip in zip(namespaces, ("127.0.0.31", "127.0.0.32")):
+            core.create_namespaced_pod(namespace, {
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": "w", "labels": {"app.kubernetes.io/component": "worker", "modelplane.io/pool": "shared"},
+                             "annotations": {"modelplane.io/draining": "1.0"} if namespace == "disc-b" else {}},
+                "spec": {"nodeName": "node-1", "containers": [{"name": "worker", "image": "modelplane-worker:test"}]}})
+            core.patch_namespaced_pod_status("w", namespace, {"status": {
+                "phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}], "conditions": [{"type": "Ready", "status": "True"}]}})
+            body = {"apiVersion": "modelplane.io/v1alpha1", "kind": "ServedModel", "metadata": {"name": "twin"},
+                    "spec": {"framework": "torchvision", "source": {"uri": f"pvc://models/{namespace}"}, "memory": "1Mi"}}
+            custom.create_namespaced_custom_object("modelplane.io", "v1alpha1", namespace, "servedmodels", body)
+        # the operator accepted disc-b's (made first elsewhere, say) and refused disc-a's
+        for namespace, status in (("disc-a", "False"), ("disc-b", "True")):
+            custom.patch_namespaced_custom_object_status("modelplane.io", "v1alpha1", namespace, "servedmodels", "twin", {
+                "status": {"conditions": [{"type": "Accepted", "status": status, "reason": "r", "message": "m",
+                                           "lastTransitionTime": "2026-01-01T00:00:00Z"}]}})
+        discovery.start()
+        wait_for(lambda: discovery.urls() == ["http://127.0.0.31:8080", "http://127.0.0.32:8080"], "pods of both namespaces")
+        assert (discovery.draining("http://127.0.0.31:8080"), discovery.draining("http://127.0.0.32:8080")) == (False, True)
+        wait_for(lambda: discovery.namespace_of("twin") == "disc-b", "the accepted twin")
+        assert discovery.spec_of("twin").source == "pvc://models/disc-b"
+        discovery.mark_wanted("twin", "1234.5")
+        annotations = custom.get_namespaced_custom_object("modelplane.io", "v1alpha1", "disc-b", "servedmodels",
+                                                          "twin")["metadata"]["annotations"]
+        assert annotations["modelplane.io/wanted-at"] == "1234.5"
+    finally:
+        discovery.stop()
+        for name in namespaces:
+            try:
+                core.delete_namespaced_pod("w", name, grace_period_seconds=0)  # no kubelet would confirm it
+            except client.ApiException:
+                pass
+            core.delete_namespace(name)

@@ -22,6 +22,7 @@ BENCHMARKS: list[list[str]] = [
     ["router_placement_density.py"],
     ["router_cold_start.py", "--real"],
     ["llm_streaming.py"],
+    ["pool_autoscaling.py"],
 ]
 
 

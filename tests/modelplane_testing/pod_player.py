@@ -22,6 +22,7 @@ readiness, restarts, resource limits.
 """
 from __future__ import annotations
 
+import datetime
 import ipaddress
 import json
 import logging
@@ -92,7 +93,8 @@ class PodPlayer:
 
     def __enter__(self) -> "PodPlayer":
         register_node(self.cluster, self.node, cpu="64", memory="256Gi", gpus=64)
-        for target in (self._watch_pods, self._refresh_stores):
+        self._heartbeat()
+        for target in (self._watch_pods, self._refresh_stores, self._heartbeats):
             thread = threading.Thread(target=target, name=f"pod-player-{target.__name__}", daemon=True)
             thread.start()
             self._threads.append(thread)
@@ -143,7 +145,7 @@ class PodPlayer:
                         return
             except Exception as exc:  # a watch that ends is restarted, as the kubelet's is
                 if not self._stop.is_set():
-                    log.warning("pod watch ended: %s", exc)
+                    log.info("pod watch ended: %s", exc)  # e.g. 504 "Too large resource version" while the cache warms
                     self._stop.wait(0.5)
 
     def _on_pod(self, kind: str, pod: Any) -> None:
@@ -222,6 +224,37 @@ class PodPlayer:
         except ApiException as exc:
             if exc.status != 404:
                 raise
+
+    # --- the node's heartbeat ----------------------------------------------------------------
+
+    def _heartbeat(self) -> None:
+        """What a kubelet renews: without it the node lifecycle controller marks the node NotReady
+        after its grace period (about 40 s) and every pod on it unready."""
+        from kubernetes import client
+        from kubernetes.client.exceptions import ApiException
+
+        now = datetime.datetime.now(datetime.timezone.utc)
+        stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+        self._core.patch_node_status(self.node, {"status": {"conditions": [
+            {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "the pod player is up",
+             "lastHeartbeatTime": stamp, "lastTransitionTime": stamp}]}})
+        leases = client.CoordinationV1Api(self._api)
+        spec = {"holderIdentity": self.node, "leaseDurationSeconds": 40,
+                "renewTime": now.strftime("%Y-%m-%dT%H:%M:%S.%fZ")}
+        try:
+            leases.patch_namespaced_lease(self.node, "kube-node-lease", {"spec": spec},
+                                          _content_type="application/merge-patch+json")
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            leases.create_namespaced_lease("kube-node-lease", {"metadata": {"name": self.node}, "spec": spec})
+
+    def _heartbeats(self) -> None:
+        while not self._stop.wait(5.0):
+            try:
+                self._heartbeat()
+            except Exception as exc:  # the next beat tries again
+                log.warning("node heartbeat: %s", exc)
 
     # --- ConfigMap volumes ---------------------------------------------------------------------
 

@@ -23,6 +23,10 @@ def test_dedicated_group_of_two_ready_after_load(platform, sm_kube) -> None:
     scenario.dedicated_group_of_two(platform, sm_kube)
 
 
+def test_dedicated_group_scales_to_zero_and_back_for_a_request(platform, sm_kube) -> None:
+    scenario.dedicated_group_scales_to_zero(platform, sm_kube)
+
+
 def test_hot_model_gets_another_copy(platform, sm_kube) -> None:
     scenario.hot_model_gets_another_copy(platform, sm_kube)
 

@@ -199,6 +199,38 @@ def dedicated_group_of_two(platform: Platform, kube: Kube) -> None:
     wait_for("the dedicated group gone", lambda: not kube.worker_pods(selector), 120)
 
 
+# -- 3b -----------------------------------------------------------------------------------------
+def dedicated_group_scales_to_zero(platform: Platform, kube: Kube) -> None:
+    """placement: dedicated, replicas.min 0: no pod while idle; the first request waits while a real pod
+    starts (the kubelet pulls nothing, starts both containers, the startup probe waits for the pinned
+    load) and is served; once idle for replicas.idleSeconds the group is back to zero pods."""
+    model = "sentiment-on-demand"
+    body = sample("sentiment")
+    body["metadata"]["name"] = model
+    body["spec"].update(placement="dedicated", replicas={"min": 0, "max": 1, "idleSeconds": 20})
+    kube.apply([body])
+    selector = f"app.kubernetes.io/component=worker,modelplane.io/servedmodel={model}"
+
+    def replicas() -> int | None:
+        found = kube.items("deployments", "-l", selector)
+        return found[0]["spec"].get("replicas") if found else None
+
+    wait_for("the dedicated group created with no pod", lambda: replicas() == 0 and not kube.worker_pods(selector), 90)
+    started = time.monotonic()
+    answer = predict(platform.router_url, model, timeout=300)
+    waited = time.monotonic() - started
+    check_predictions(model, answer)
+    assert len(kube.worker_pods(selector)) == 1, "the request was served by the pod it asked for"
+    metrics = httpx.get(f"{platform.router_url}/metrics", timeout=10).text
+    held = [s for f in text_string_to_metric_families(metrics) for s in f.samples
+            if s.name == "modelplane_router_pod_waits_total" and s.labels.get("model") == model]
+    assert [(s.labels["result"], s.value) for s in held] == [("served", 1.0)], held
+    print(f"scale from zero: the first request waited {waited:.1f} s for a pod and was served")
+    wait_for("the group back to zero pods once idle", lambda: replicas() == 0 and not kube.worker_pods(selector), 240,
+             interval=1.0)
+    kube.delete("servedmodel", model)
+
+
 # -- 4 ------------------------------------------------------------------------------------------
 def hot_model_gets_another_copy(platform: Platform, kube: Kube) -> None:
     """Sustained load on one model adds a copy on another pod."""

@@ -54,6 +54,17 @@ class OperatorConfig(BaseModel):
     model_claims: tuple[str, ...] = Field((), description="PVCs mounted read-only into worker pods for pvc:// sources")
     router_url: str = ""
     status_interval_s: float = Field(15.0, gt=0)
+    # Trust (docs/security.md): the workers' API token (the operator's own copy, for status and
+    # unloads) and the Secret key worker pods read it from; file:// roots and Triton backends.
+    worker_token: str = Field("", repr=False)
+    worker_token_secret: str = Field("", description="Secret holding the workers' API token (key `token`); empty: none")
+    file_roots: tuple[str, ...] = Field((), description="folders file:// sources may name; empty: pvc:// only")
+    triton_backends: tuple[str, ...] = Field(("onnxruntime", "tensorrt", "pytorch", "tensorflow", "openvino"),
+                                             description="Triton backends models may use (python runs the model's code)")
+    # Overreach bounds: all dedicated groups together, and the model-store ConfigMap (1 MiB in etcd).
+    max_dedicated_pods: int = Field(16, ge=0)
+    max_store_bytes: int = Field(800 * 1024, gt=0)
+    drain_seconds: int = Field(5, ge=0)
     startup_probe_failure_threshold: int = Field(120, ge=1, description="x 5 s: slow first loads")
 
     @field_validator("pod_memory_budget", mode="before")
@@ -61,7 +72,7 @@ class OperatorConfig(BaseModel):
     def _parse_budget(cls, value: Any) -> int:
         return quantity.parse_bytes(value)
 
-    @field_validator("model_claims", mode="before")
+    @field_validator("model_claims", "file_roots", "triton_backends", mode="before")
     @classmethod
     def _split_claims(cls, value: Any) -> Any:
         if isinstance(value, str):

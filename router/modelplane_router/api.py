@@ -111,6 +111,9 @@ def create_app(service: RouterService, admin_token: str | None = None, max_body_
     @app.get("/v2/models/{name}/versions/{version}/ready")
     async def model_ready(name: str, version: str | None = None) -> Response:
         router.check_known(name)
+        known = service.sync.catalog.metadata(name).version
+        if version not in (None, "", known) and known:  # as a worker answers it (404 naming the versions)
+            raise errors.ModelNotFound(f"model {name!r} has no version {version!r}; available: {known!r}")
         if service.model_map.ready_copies(name):
             return Response(status_code=200)
         return JSONResponse(error_body(f"model {name!r} has no ready copy yet; it loads on its first request"), status_code=503)

@@ -100,8 +100,8 @@ def main() -> int:
 
             shape = {"inputs": [{"name": "input", "datatype": "FP32", "shape": [0, 10**20], "data": []}]}
             row("shape [0, 10**20]", *timed(lambda: http.post(f"{r}/v2/models/colors/infer", json=shape)))
-            nan = struct.pack("<f", float("nan")) * (3 * 32 * 32)
-            header = json.dumps({"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 3, 32, 32],
+            nan = struct.pack("<f", float("nan")) * (3 * 64 * 64)
+            header = json.dumps({"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 3, 64, 64],
                                              "parameters": {"binary_data_size": len(nan)}}]}).encode()
             row("NaN outputs (JSON)", *timed(lambda: http.post(f"{r}/v2/models/colors/infer", content=header + nan,
                                                                headers={"Inference-Header-Content-Length": str(len(header))})))
@@ -120,14 +120,14 @@ def main() -> int:
                 answer, ms = timed(lambda: http.post(f"{r}/predict", content=numbers))
             row(f"{len(numbers) / 1e6:.0f} MB /predict, model_id last", answer, ms, router_rss_grew_mib=peak.grew_mib)
             flood = json.dumps({"model_id": "nope", "input_data": [1.0] * 1_400_000}).encode()
-            with Peak(router.pid) as peak, concurrent.futures.ThreadPoolExecutor(64) as pool:
+            with Peak(router.pid) as peak, concurrent.futures.ThreadPoolExecutor(96) as pool:
                 started = time.perf_counter()
-                answers = list(pool.map(lambda _: httpx.post(f"{r}/predict", content=flood, timeout=120), range(64)))
+                answers = list(pool.map(lambda _: httpx.post(f"{r}/predict", content=flood, timeout=120), range(96)))
                 ms = round(1000 * (time.perf_counter() - started), 1)
             codes = {str(c): sum(a.status_code == c for a in answers) for c in sorted({a.status_code for a in answers})}
-            row(f"64 concurrent {len(flood) / 2**20:.0f} MiB bodies", answers[0], ms, codes=codes, router_rss_grew_mib=peak.grew_mib)
-            tensor = json.dumps({"inputs": [{"name": "input", "datatype": "FP32", "shape": [10, 3, 224, 224],
-                                             "data": [[0.5] * 224 * 224 * 3] * 10}]}).encode()
+            row(f"96 concurrent {len(flood) / 2**20:.0f} MiB bodies", answers[0], ms, codes=codes, router_rss_grew_mib=peak.grew_mib)
+            tensor = json.dumps({"inputs": [{"name": "input", "datatype": "FP32", "shape": [128, 3, 64, 64],
+                                             "data": [[0.5] * 64 * 64 * 3] * 128}]}).encode()
             slowest = 0.0
             with concurrent.futures.ThreadPoolExecutor(4) as pool:
                 futures = [pool.submit(httpx.post, f"{w}/v2/models/colors/infer", content=tensor, timeout=120) for _ in range(4)]

@@ -114,3 +114,29 @@ def test_readers_never_see_the_table_change_under_them(kube):  # noqa: F811
     finally:
         stop.set()
         writer.join()
+
+
+def test_a_restarted_watch_never_empties_the_table(kube):  # noqa: F811
+    """Watches end (server timeout, a dropped connection) and start again with a fresh listing;
+    meanwhile the router must keep every pod it knows (an empty table empties the map)."""
+    from kubernetes import client
+    from modelplane_router.discovery import KubeDiscovery
+
+    core = client.CoreV1Api(kube)
+    names = [f"restart-{i}" for i in range(30)]
+    for i, name in enumerate(names):
+        make_pod(core, name, "node-1")
+        set_ready(core, name, f"127.0.1.{i + 1}", True)
+    discovery = KubeDiscovery("default", SELECTOR, 8080, api_client=kube, watch_timeout_s=1, request_timeout_s=5)
+    discovery.start()
+    try:
+        wait_for(lambda: len([u for u in discovery.urls() if u.startswith("http://127.0.1.")]) == 30, "all pods")
+        seen = set()
+        deadline = __import__("time").monotonic() + 6  # several restarts (the server ends each watch after 1 s)
+        while __import__("time").monotonic() < deadline:
+            seen.add(len([u for u in discovery.urls() if u.startswith("http://127.0.1.")]))
+        assert seen == {30}
+    finally:
+        discovery.stop()
+        for name in names:
+            core.delete_namespaced_pod(name, "default", grace_period_seconds=0)

@@ -11,7 +11,7 @@ What keeps a flood of large bodies from exhausting the router (``Limits``):
 at most ``max_requests`` inference requests at once and at most
 ``max_body_bytes_in_flight`` bytes of their bodies held in memory (a request
 past either is refused at once: 503 with Retry-After, before its body is
-read); a ``/predict`` body's ``model_id`` is read without building its
+read, or once a body without Content-Length grows past it); a ``/predict`` body's ``model_id`` is read without building its
 ``input_data`` (msgspec skips it: an 8 MB body took 0.2 s of event loop and
 64 MB of Python objects to parse whole); and at most ``max_cold_waiters``
 requests per model wait for a model that has no ready copy yet.
@@ -70,7 +70,9 @@ class Limits:
     max_cold_waiters: int = 256
 
 
-async def read_body(receive: Receive, headers: Mapping[str, str], limit_bytes: int) -> bytes:
+async def read_body(receive: Receive, headers: Mapping[str, str], limit_bytes: int,
+                    on_chunk: Callable[[int], None] = lambda size: None) -> bytes:
+    """The whole body, refused (413) past `limit_bytes`; `on_chunk(bytes so far)` may refuse it too."""
     declared = headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit_bytes:
         raise errors.PayloadTooLarge(f"request body of {declared} bytes exceeds the limit of {limit_bytes} bytes")
@@ -84,6 +86,7 @@ async def read_body(receive: Receive, headers: Mapping[str, str], limit_bytes: i
         size += len(chunk)
         if size > limit_bytes:
             raise errors.PayloadTooLarge(f"request body exceeds the limit of {limit_bytes} bytes")
+        on_chunk(size)
         chunks.append(chunk)
         if not message.get("more_body", False):
             return b"".join(chunks)
@@ -117,20 +120,32 @@ class InferenceRoutes:
     def max_body_bytes(self) -> int:
         return self.limits.max_body_bytes
 
-    def _admit(self, headers: Mapping[str, str]) -> int:
-        """Count the request in, or refuse it (503, Retry-After) before its body is read; the bytes
-        it reserved. A body without Content-Length reserves the whole body limit."""
+    def _admit(self, headers: Mapping[str, str]) -> list[int]:
+        """Count the request in, or refuse it (503, Retry-After) before its body is read. Returns its
+        reservation (a one-item list the body's reading grows): its Content-Length, or what arrived
+        so far when it declares none (a chunked body is refused once it would pass the budget)."""
         declared = headers.get("content-length", "")
-        reserve = min(int(declared), self.max_body_bytes) if declared.isdigit() else self.max_body_bytes
+        reserve = min(int(declared), self.max_body_bytes) if declared.isdigit() else 0
         if self.requests >= self.limits.max_requests:
             raise errors.NoCapacity(f"the router is serving {self.requests} requests, its limit; retry shortly", 1)
-        if self.body_bytes + reserve > self.limits.max_body_bytes_in_flight and self.requests:
+        self._reserve(reserve)
+        self.requests += 1
+        return [reserve]
+
+    def _reserve(self, more: int, own: int = 0) -> None:
+        """Add `more` bytes to a request holding `own`; refused when that passes the budget while
+        other requests hold bodies too (one body alone is bounded by max_body_bytes)."""
+        if more > 0 and self.body_bytes + more > self.limits.max_body_bytes_in_flight and self.body_bytes > own:
             raise errors.NoCapacity(
                 f"the router holds {self.body_bytes} bytes of request bodies and this one would pass its limit of "
                 f"{self.limits.max_body_bytes_in_flight}; retry shortly", 1)
-        self.requests += 1
-        self.body_bytes += reserve
-        return reserve
+        self.body_bytes += more
+
+    def _grow(self, reserved: list[int], size: int) -> None:
+        """A body larger than it declared (or undeclared) reserves what it really holds."""
+        if size > reserved[0]:
+            self._reserve(size - reserved[0], reserved[0])
+            reserved[0] = size
 
     def _wait_cold(self, model: str) -> bool:
         """Count a request for a model with no ready copy, or refuse it when too many already wait."""
@@ -167,11 +182,11 @@ class InferenceRoutes:
         started = time.perf_counter()
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         code = 500
-        reserved = 0
+        reserved: list[int] | None = None
         cold = False
         try:
             reserved = self._admit(headers)
-            body = await read_body(receive, headers, self.max_body_bytes)
+            body = await read_body(receive, headers, self.max_body_bytes, lambda size: self._grow(reserved, size))
             if model is None:
                 model = model_of_predict(http.decompress(body, headers.get("content-encoding"), self.max_body_bytes))
             cold = self._wait_cold(model)
@@ -185,9 +200,9 @@ class InferenceRoutes:
             payload = json.dumps(http.error_body(exc.message)).encode()
             await respond(send, code, payload, {"content-type": "application/json", **exc.headers})
         finally:
-            if reserved:
+            if reserved is not None:
                 self.requests -= 1
-                self.body_bytes -= reserved
+                self.body_bytes -= reserved[0]
             if cold and model is not None:
                 self._done_cold(model)
             if model is not None:

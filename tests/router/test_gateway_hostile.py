@@ -107,6 +107,23 @@ def test_bodies_past_the_in_flight_budget_are_503_with_retry_after(stack) -> Non
     assert post(router.url, "/predict", json={"model_id": "a", "input_data": [1]}).status_code == 200
 
 
+def test_bodies_without_a_length_count_as_they_arrive(stack) -> None:
+    """A chunked upload (no Content-Length) is counted by what it sends: alone it passes, beside
+    bodies that fill the budget it is refused."""
+    _, router = stack
+    payload = json.dumps({"model_id": "slow", "input_data": [1.0] * 1_400_000}).encode()
+
+    def chunked() -> httpx.Response:
+        return post(router.url, "/predict", content=(payload[i:i + 2**20] for i in range(0, len(payload), 2**20)))
+
+    assert chunked().status_code == 200
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        held = [pool.submit(post, router.url, "/predict", content=payload) for _ in range(3)]
+        answers = [chunked() for _ in range(2)]
+        assert all(f.result().status_code in (200, 503) for f in held)
+    assert any(a.status_code == 503 for a in answers) or any(f.result().status_code == 503 for f in held)
+
+
 def test_requests_waiting_for_a_cold_model_are_bounded(stack) -> None:
     _, router = stack
     with concurrent.futures.ThreadPoolExecutor(5) as pool:

@@ -106,14 +106,7 @@ def create_app(
     app = FastAPI(title="modelplane worker", version=SERVER_VERSION, lifespan=lifespan)
     http.install_error_handler(app)
     if api_token:
-        @app.middleware("http")
-        async def _authorize(request: Request, call_next: Callable[[Request], Any]) -> Response:
-            if request.url.path not in OPEN_PATHS:
-                try:
-                    http.check_bearer(request.headers, api_token, "this worker's API")
-                except errors.Unauthorized as exc:
-                    return JSONResponse(http.error_body(exc.message), status_code=exc.status_code, headers=exc.headers)
-            return await call_next(request)
+        app.add_middleware(RequireToken, token=api_token)
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
@@ -244,6 +237,26 @@ def create_app(
         return Response(metrics.exposition(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     return app
+
+
+class RequireToken:
+    """Plain ASGI (no per-request middleware stack): 401 for any request without the API token,
+    but on OPEN_PATHS."""
+
+    def __init__(self, app: Any, token: str) -> None:
+        self.app = app
+        self.token = token
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
+            headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+            try:
+                http.check_bearer(headers, self.token, "this worker's API")
+            except errors.Unauthorized as exc:
+                answer = JSONResponse(http.error_body(exc.message), status_code=exc.status_code, headers=exc.headers)
+                await answer(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 async def _prepare_then_set(prepare: Callable[[], None] | None, done: asyncio.Event) -> None:

@@ -83,3 +83,12 @@ def test_limits_and_bounds_agree() -> None:
     assert props["labels"]["maxProperties"] == spec_module.MAX_LABELS
     assert props["labels"]["additionalProperties"]["maxLength"] == spec_module.MAX_LABEL_VALUE
     assert str(spec_module.MAX_LABEL_KEY) in props["labels"]["x-kubernetes-validations"][0]["rule"]
+
+
+def test_per_model_limits_reach_the_workers_model_store() -> None:
+    from modelplane_operator import workloads
+
+    spec = ModelSpec.from_served_model({"metadata": {"name": "m"}, "spec": {
+        "framework": "triton", "source": {"uri": "pvc://c/m"}, "maxConcurrency": 2, "timeoutSeconds": 1.5}})
+    read_back = ModelSpec.model_validate(workloads.store_entry(spec))
+    assert (read_back.max_concurrency, read_back.timeout_seconds) == (2, 1.5)

@@ -45,6 +45,14 @@ class Placement(str, enum.Enum):
 
 SOURCE_SCHEMES = ("file", "pvc")
 
+# Bounds the CRD's schema states too (tests/operator/test_crd_matches_spec.py checks they agree).
+MAX_CONCURRENCY = 1024
+MAX_TIMEOUT_SECONDS = 3600
+MAX_DESCRIPTION = 1024
+MAX_LABELS = 32
+MAX_LABEL_KEY = 63
+MAX_LABEL_VALUE = 253
+
 # ServedModel names modelplane keeps for itself, and why. Refused at admission by the CRD's CEL
 # rule and again by the operator (tests/operator/test_crd_matches_spec.py checks both use this list).
 RESERVED_NAMES: dict[str, str] = {
@@ -100,6 +108,11 @@ class ModelSpec(BaseModel):
     replicas: Replicas = Field(default_factory=Replicas)
     placement: Placement = Placement.SHARED
     pinned: bool = False
+    # Per-model limits the worker enforces around inference: at most `max_concurrency` requests of
+    # this model run at once (the rest wait in a bounded queue: 429 when it is full, 503 past their
+    # deadline); `timeout_seconds` caps every request's deadline (queue, load and inference).
+    max_concurrency: int | None = Field(None, ge=1, le=MAX_CONCURRENCY, alias="maxConcurrency")
+    timeout_seconds: float | None = Field(None, gt=0, le=MAX_TIMEOUT_SECONDS, alias="timeoutSeconds")
     warmup: list[Any] = Field(default_factory=list)
     # A LoRA adapter names the model it runs on (same framework): it loads into that model's engine,
     # only where that model is loaded, and counts as a light model of its own under the budget.
@@ -108,9 +121,21 @@ class ModelSpec(BaseModel):
     # max_model_len, enable_lora, ...); each framework checks the keys it accepts when it loads.
     engine_args: dict[str, str | int | float | bool] = Field(default_factory=dict, alias="engineArgs")
     labels: dict[str, str] = Field(default_factory=dict)
-    description: str = ""
+    description: str = Field("", max_length=MAX_DESCRIPTION)
     owner: str = ""
     oncall: str = ""
+
+    @field_validator("labels")
+    @classmethod
+    def _bounded_labels(cls, value: dict[str, str]) -> dict[str, str]:
+        """Labels travel in every pool's model-store ConfigMap (1 MiB for all models): keep them small."""
+        if len(value) > MAX_LABELS:
+            raise ValueError(f"at most {MAX_LABELS} labels, got {len(value)}")
+        for key, text in value.items():
+            if len(key) > MAX_LABEL_KEY or len(text) > MAX_LABEL_VALUE:
+                raise ValueError(f"label {key[:40]!r}: keys take at most {MAX_LABEL_KEY} characters, "
+                                 f"values at most {MAX_LABEL_VALUE}")
+        return value
 
     @field_validator("memory_bytes", mode="before")
     @classmethod

@@ -13,6 +13,7 @@ for replication and failure scenarios (4-6), and the catalog shrinks (7, 8).
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import threading
 import time
 from typing import Any
@@ -84,8 +85,18 @@ def router_sees_ready(platform: Platform, pod: str) -> bool:
     return any(p["pod"] == pod and p["ready"] for p in router_pods(platform))
 
 
+def worker_token(platform: Platform) -> str:
+    """The workers' API token, read from its Secret as a cluster admin would (docs/security.md)."""
+    import base64
+
+    secret = json.loads(platform.kubectl.kubectl("get", "secret", "modelplane-worker-token", "-n", platform.namespace,
+                                                 "-o", "json").stdout)
+    return base64.b64decode(secret["data"]["token"]).decode()
+
+
 def worker_status(platform: Platform, pod: str) -> dict[str, Any]:
-    answer = httpx.get(f"{platform.worker_url(pod)}/status", timeout=10)
+    answer = httpx.get(f"{platform.worker_url(pod)}/status", timeout=10,
+                       headers={"Authorization": f"Bearer {worker_token(platform)}"})
     answer.raise_for_status()
     return answer.json()
 

@@ -48,26 +48,32 @@ def _set_condition(body: kopf.Body, patch: kopf.Patch, kind: str, ok: bool, reas
     return before is None or before.get("status") != text or before.get("reason") != reason
 
 
-def _accepted_specs(kube_api: kube.Kube, config: OperatorConfig) -> list[ModelSpec]:
+def _live(kube_api: kube.Kube, config: OperatorConfig) -> list[dict[str, Any]]:
+    return [item for item in kube_api.served_models(config.namespace) if not item["metadata"].get("deletionTimestamp")]
+
+
+def _accepted_specs(items: list[dict[str, Any]], config: OperatorConfig,
+                    over_caps: dict[str, validation.Problem]) -> list[ModelSpec]:
     specs = []
-    for item in kube_api.served_models(config.namespace):
-        if item["metadata"].get("deletionTimestamp"):
-            continue
+    for item in items:
         verdict = validation.validate(item, config)
-        if verdict.spec is not None and verdict.accepted:
+        if verdict.spec is not None and verdict.accepted and verdict.spec.id not in over_caps:
             specs.append(verdict.spec)
     return specs
 
 
 def ensure_pool(kube_api: kube.Kube, config: OperatorConfig, logger: logging.Logger | logging.LoggerAdapter,
-                owners: list[dict[str, Any]] | None = None) -> int:
-    """Publish the model store every worker reads, then size the shared pool; returns its replicas.
+                owners: list[dict[str, Any]] | None = None) -> dict[str, validation.Problem]:
+    """Publish the model store every worker reads, then size the shared pool and its disruption
+    budget; returns the models refused for the operator's caps (validation.over_the_caps).
 
     The store comes first so a new dedicated pod finds its pinned model in it. Both are
     owned by `owners` (the operator's Deployment, where the chart names it).
     """
     owners = owners or []
-    specs = _accepted_specs(kube_api, config)
+    items = _live(kube_api, config)
+    over_caps = validation.over_the_caps(items, config)
+    specs = _accepted_specs(items, config, over_caps)
     version = kube_api.apply_configmap(workloads.build_model_store_configmap(specs, config, owners))
     # The kubelet refreshes a ConfigMap volume on its periodic pod sync (up to a minute and
     # more); a changed pod makes it sync that pod now, so a new ServedModel reaches the pods'
@@ -76,19 +82,42 @@ def ensure_pool(kube_api: kube.Kube, config: OperatorConfig, logger: logging.Log
     replicas = pool.desired_pool_size(specs, config)
     before = kube_api.deployment_version(config.namespace, config.pool_name)
     after = kube_api.apply_deployment(workloads.build_pool_deployment(config, replicas, owners))
+    budget = workloads.build_disruption_budget(config.pool_name, config.namespace, None)
+    if owners:
+        budget["metadata"]["ownerReferences"] = list(owners)  # goes with the chart, like the pool
+    kube_api.apply_disruption_budget(budget)
     if before != after:
         logger.info("shared pool %s: %d pod(s)", config.pool_name, replicas)
-    return replicas
+    return over_caps
+
+
+def _ours(found: tuple[list[str], str], uid: str) -> bool:
+    """Owned by this ServedModel, or left without owner by this operator (its label says so)."""
+    owners, managed_by = found
+    return uid in owners or (not owners and managed_by == workloads.MANAGER)
+
+
+class NotOurs(Exception):
+    """A Deployment by the dedicated group's name exists and this ServedModel does not own it."""
 
 
 def _ensure_dedicated(kube_api: kube.Kube, spec: ModelSpec, body: kopf.Body, config: OperatorConfig) -> None:
+    """Apply (dedicated) or delete (shared) the group's Deployment, but only one this ServedModel
+    owns: a Deployment of that name made by someone else is never overwritten or deleted."""
     namespace, name = body["metadata"]["namespace"], workloads.dedicated_name(spec.id)
+    found = kube_api.deployment_owners(namespace, name)
+    if found is not None and not _ours(found, body["metadata"]["uid"]):
+        if spec.placement is not Placement.DEDICATED:
+            return  # someone else's Deployment: nothing of ours to remove
+        raise NotOurs(f"Deployment {name} exists and is not owned by this ServedModel; modelplane leaves it "
+                      "alone: rename the model or remove that Deployment")
     if spec.placement is not Placement.DEDICATED:
-        if kube_api.delete_deployment(namespace, name):
+        if found is not None and kube_api.delete_deployment(namespace, name):
             kopf.event(body, type="Normal", reason="DedicatedRemoved", message=f"deleted Deployment {name}: placement is now {spec.placement.value}")
         return
     before = kube_api.deployment_version(namespace, name)
     after = kube_api.apply_deployment(workloads.build_dedicated_deployment(spec, dict(body), config))
+    kube_api.apply_disruption_budget(workloads.build_disruption_budget(name, namespace, spec.id, dict(body)))
     if before is None:
         kopf.event(body, type="Normal", reason="DedicatedCreated", message=f"created Deployment {name} with {spec.replicas.min} pod(s) pinning {spec.id}")
     elif before != after:
@@ -100,7 +129,7 @@ def _refresh_status(kube_api: kube.Kube, spec: ModelSpec, body: kopf.Body, patch
     """Copies, readyReplicas and Ready from the worker pods' own reports."""
     namespace = body["metadata"]["namespace"]
     pods = kube_api.worker_pods(namespace, labels.WORKER_SELECTOR)
-    reports = cache.get(namespace, lambda: workers.fetch_reports(pods, config.worker_port))
+    reports = cache.get(namespace, lambda: workers.fetch_reports(pods, config.worker_port, config.worker_token))
     copies = status.copies_of(spec.id, reports)
     problems = [f"pod {p.name}: {p.problem}" for p in pods if p.pool == labels.dedicated_pool(spec.id) and p.problem]
     ready, reason, message = status.readiness(spec, copies, problems)
@@ -120,9 +149,9 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
     reports = workers.ReportCache(ttl_s=config.status_interval_s / 2)
     owners: list[dict[str, Any]] = []  # the operator's Deployment, read once at start
 
-    def sync_pool(kube_api: kube.Kube, logger: Any) -> None:
+    def sync_pool(kube_api: kube.Kube, logger: Any) -> dict[str, validation.Problem]:
         with pool_lock:
-            ensure_pool(kube_api, config, logger, owners)
+            return ensure_pool(kube_api, config, logger, owners)
 
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
@@ -159,8 +188,19 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
             _write_status(body, patch, {"observedGeneration": generation})
             return
         spec = verdict.spec
-        sync_pool(memo.kube, logger)
-        _ensure_dedicated(memo.kube, spec, body, config)
+        capped = sync_pool(memo.kube, logger).get(spec.id)
+        problem = str(capped) if capped is not None else ""
+        if not problem:
+            try:
+                _ensure_dedicated(memo.kube, spec, body, config)
+            except NotOurs as exc:
+                problem = f"metadata.name: {exc}"
+        if problem:
+            if _set_condition(body, patch, conditions.ACCEPTED, False, "InvalidSpec", problem):
+                kopf.warn(body, reason="InvalidSpec", message=problem)
+            _set_condition(body, patch, conditions.READY, False, "NotAccepted", "the spec was not accepted; see Accepted")
+            _write_status(body, patch, {"observedGeneration": generation})
+            return
         placement = f"{spec.placement.value} placement, min {spec.replicas.min} / max {spec.replicas.max} copies"
         if _set_condition(body, patch, conditions.ACCEPTED, True, "Valid", placement):
             kopf.event(body, type="Normal", reason="Accepted", message=placement)
@@ -189,11 +229,11 @@ def _unload_everywhere(kube_api: kube.Kube, spec: ModelSpec, body: kopf.Body, co
     """Unload the model from every shared pod that holds it; dedicated pods go with their Deployment."""
     own_group = labels.dedicated_pool(spec.id)
     pods = [p for p in kube_api.worker_pods(body["metadata"]["namespace"], labels.WORKER_SELECTOR) if p.pool != own_group]
-    reports = workers.fetch_reports(pods, config.worker_port)
+    reports = workers.fetch_reports(pods, config.worker_port, config.worker_token)
     holders = [p for p in pods if p.name in reports and any(c.id == spec.id for c in reports[p.name].models)]
     for pod in holders:
         try:
-            workers.unload(pod, config.worker_port, spec.id)
+            workers.unload(pod, config.worker_port, spec.id, config.worker_token)
         except httpx.HTTPError as exc:
             raise kopf.TemporaryError(f"could not reach pod {pod.name} to unload {spec.id}: {exc}", delay=5)
         except workers.UnloadRefused as exc:

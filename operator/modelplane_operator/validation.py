@@ -100,3 +100,33 @@ def validate(body: dict[str, Any], config: OperatorConfig) -> Verdict:
     except (TypeError, ValueError) as error:
         return Verdict(None, (*_name_problems(name, None, config), Problem("spec", str(error))))
     return Verdict(spec, (*_name_problems(name, spec, config), *_placement_problems(spec, config)))
+
+
+def over_the_caps(items: list[dict[str, Any]], config: OperatorConfig) -> dict[str, Problem]:
+    """The valid ServedModels that do not fit the operator's bounds, oldest first served: the
+    model-store ConfigMap (one object for every model, limited to 1 MiB by etcd) and the pods of
+    all dedicated groups together. A model past either is refused (``Accepted=False``) instead of
+    breaking the store for every model or growing the cluster without bound."""
+    ordered = sorted(items, key=lambda item: (item["metadata"].get("creationTimestamp") or "", item["metadata"]["name"]))
+    store_bytes, dedicated_pods = 64, 0
+    problems: dict[str, Problem] = {}
+    for item in ordered:
+        verdict = validate(item, config)
+        if verdict.spec is None or not verdict.accepted:
+            continue
+        spec = verdict.spec
+        size = workloads.store_entry_bytes(spec)
+        if store_bytes + size > config.max_store_bytes:
+            problems[spec.id] = Problem("metadata.name", (
+                f"the model store is full: {len(ordered)} ServedModels need more than its "
+                f"{quantity.format_bytes(config.max_store_bytes)} (one ConfigMap); delete unused ones"))
+            continue
+        if spec.placement is Placement.DEDICATED and dedicated_pods + spec.replicas.min > config.max_dedicated_pods:
+            problems[spec.id] = Problem("spec.replicas.min", (
+                f"dedicated groups would need {dedicated_pods + spec.replicas.min} pods together; "
+                f"the operator's cap is {config.max_dedicated_pods} (workers.dedicated.maxPods)"))
+            continue
+        store_bytes += size
+        if spec.placement is Placement.DEDICATED:
+            dedicated_pods += spec.replicas.min
+    return problems

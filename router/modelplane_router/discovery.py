@@ -5,6 +5,14 @@ the workers read. Cluster: the Kubernetes API, watched with the kubernetes
 client's ``watch.Watch`` (worker pods by label selector, ready condition and
 pod IP; ServedModel objects). Both expose the same small interface to the
 rest of the router: ``urls()``, ``node_of(url)``, ``spec_of(model)``.
+
+Cluster mode's watches run in threads while the router's event loop reads
+what they found: every change replaces the whole table under a lock (readers
+get a snapshot, never a dict being changed), a restarted watch swaps in its
+fresh listing at once (the table is never empty in between), and every call
+to the API server has a timeout (a watch that hears nothing for
+``watch_timeout_s`` ends on the server and, should the connection be
+half-open, on the client too), so discovery cannot freeze.
 """
 from __future__ import annotations
 
@@ -87,19 +95,24 @@ def pod_url(pod: Any, port: int) -> str | None:
 class KubeDiscovery:
     """Worker pods and ServedModels from the Kubernetes API, kept current by watches in threads."""
 
-    def __init__(self, namespace: str, label_selector: str, worker_port: int, api_client: Any = None) -> None:
+    def __init__(self, namespace: str, label_selector: str, worker_port: int, api_client: Any = None,
+                 watch_timeout_s: float = 300.0, request_timeout_s: float = 30.0) -> None:
         from kubernetes import client  # imported here: standalone mode needs no kubernetes package
 
         self.namespace = namespace
         self.label_selector = label_selector
         self.worker_port = worker_port
+        self.watch_timeout_s = watch_timeout_s
+        self.request_timeout_s = request_timeout_s
         self._core = client.CoreV1Api(api_client)
         self._custom = client.CustomObjectsApi(api_client)
+        self._lock = threading.Lock()
+        # Replaced whole (copy on write) under the lock; readers use the reference they got.
         self._pods: dict[str, tuple[str, str, str]] = {}  # pod name -> (url, node, labels.pool_of)
         self._specs: dict[str, ModelSpec] = {}
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._watches: list[Any] = []
+        self._watches: dict[str, Any] = {}  # the current watch of each thread
 
     # --- interface ---------------------------------------------------------------------
     def urls(self) -> list[str]:
@@ -118,6 +131,14 @@ class KubeDiscovery:
     def specs(self) -> list[ModelSpec]:
         return list(self._specs.values())
 
+    def _timeouts(self) -> dict[str, Any]:
+        """A list's client-side timeout; a watch adds its server-side one (see the module docstring)."""
+        return {"_request_timeout": (self.request_timeout_s, self.request_timeout_s)}
+
+    def _watch_timeouts(self) -> dict[str, Any]:
+        return {"timeout_seconds": int(self.watch_timeout_s),
+                "_request_timeout": (self.request_timeout_s, self.watch_timeout_s + self.request_timeout_s)}
+
     # --- watches ---------------------------------------------------------------------------
     def start(self) -> None:
         for target in (self._watch_pods, self._watch_served_models):
@@ -127,7 +148,7 @@ class KubeDiscovery:
 
     def stop(self) -> None:
         self._stop.set()
-        for w in self._watches:
+        for w in list(self._watches.values()):
             w.stop()
 
     def _forever(self, target: Any) -> None:
@@ -138,40 +159,52 @@ class KubeDiscovery:
                 log.warning("watch %s ended: %s; restarting", target.__name__, exc)
                 self._stop.wait(1.0)
 
+    def _pod_entry(self, pod: Any) -> tuple[str, str, str] | None:
+        url = pod_url(pod, self.worker_port)
+        return None if url is None else (url, pod.spec.node_name or "", labels.pool_of(pod.metadata.labels or {}))
+
     def apply_pod_event(self, kind: str, pod: Any) -> None:
-        name = pod.metadata.name
-        url = pod_url(pod, self.worker_port) if kind != "DELETED" else None
-        if url is None:
-            self._pods.pop(name, None)
-        else:
-            pool = labels.pool_of(pod.metadata.labels or {})
-            self._pods[name] = (url, pod.spec.node_name or "", pool)
+        entry = self._pod_entry(pod) if kind != "DELETED" else None
+        with self._lock:
+            pods = dict(self._pods)
+            if entry is None:
+                pods.pop(pod.metadata.name, None)
+            else:
+                pods[pod.metadata.name] = entry
+            self._pods = pods
+
+    def _spec_entry(self, body: dict[str, Any]) -> ModelSpec | None:
+        try:
+            return ModelSpec.from_served_model(body)
+        except ValueError as exc:
+            log.warning("ServedModel %s ignored: %s", body.get("metadata", {}).get("name", ""), exc)
+            return None
 
     def apply_served_model_event(self, kind: str, body: dict[str, Any]) -> None:
         name = body.get("metadata", {}).get("name", "")
-        if kind == "DELETED":
-            self._specs.pop(name, None)
-            return
-        try:
-            self._specs[name] = ModelSpec.from_served_model(body)
-        except ValueError as exc:
-            log.warning("ServedModel %s ignored: %s", name, exc)
-            self._specs.pop(name, None)
+        spec = self._spec_entry(body) if kind != "DELETED" else None
+        with self._lock:
+            specs = dict(self._specs)
+            if spec is None:
+                specs.pop(name, None)
+            else:
+                specs[name] = spec
+            self._specs = specs
 
     def _watch_pods(self) -> None:
         from kubernetes import watch
 
-        listing = self._core.list_namespaced_pod(self.namespace, label_selector=self.label_selector)
-        self._pods = {}
-        for pod in listing.items:
-            self.apply_pod_event("ADDED", pod)
-        w = watch.Watch()
-        self._watches.append(w)
+        listing = self._core.list_namespaced_pod(self.namespace, label_selector=self.label_selector, **self._timeouts())
+        fresh = {pod.metadata.name: entry for pod in listing.items if (entry := self._pod_entry(pod)) is not None}
+        with self._lock:
+            self._pods = fresh  # swapped whole: never empty while the watch restarts
+        w = self._watches["pods"] = watch.Watch()
         for event in w.stream(
             self._core.list_namespaced_pod,
             self.namespace,
             label_selector=self.label_selector,
             resource_version=listing.metadata.resource_version,
+            **self._watch_timeouts(),
         ):
             self.apply_pod_event(event["type"], event["object"])
             if self._stop.is_set():
@@ -181,16 +214,17 @@ class KubeDiscovery:
         from kubernetes import watch
 
         args = (spec_module.GROUP, spec_module.VERSION, self.namespace, spec_module.PLURAL)
-        listing = self._custom.list_namespaced_custom_object(*args)
-        self._specs = {}
-        for item in listing.get("items", []):
-            self.apply_served_model_event("ADDED", item)
-        w = watch.Watch()
-        self._watches.append(w)
+        listing = self._custom.list_namespaced_custom_object(*args, **self._timeouts())
+        fresh = {item["metadata"]["name"]: spec for item in listing.get("items", [])
+                 if (spec := self._spec_entry(item)) is not None}
+        with self._lock:
+            self._specs = fresh
+        w = self._watches["servedmodels"] = watch.Watch()
         for event in w.stream(
             self._custom.list_namespaced_custom_object,
             *args,
             resource_version=listing.get("metadata", {}).get("resourceVersion"),
+            **self._watch_timeouts(),
         ):
             self.apply_served_model_event(event["type"], event["object"])
             if self._stop.is_set():

@@ -72,3 +72,23 @@ def test_the_crd_refuses_exactly_the_names_the_operator_refuses() -> None:
     (rule,) = [r["rule"] for r in rules if "metadata.name" in r["rule"]]
     listed = ast.literal_eval(re.search(r"\[[^\]]*\]", rule).group(0))
     assert sorted(listed) == sorted(spec_module.RESERVED_NAMES)
+
+
+def test_limits_and_bounds_agree() -> None:
+    props = _spec_schema()["properties"]
+    assert props["maxConcurrency"]["minimum"] == 1
+    assert props["maxConcurrency"]["maximum"] == spec_module.MAX_CONCURRENCY
+    assert props["timeoutSeconds"]["maximum"] == spec_module.MAX_TIMEOUT_SECONDS
+    assert props["description"]["maxLength"] == spec_module.MAX_DESCRIPTION
+    assert props["labels"]["maxProperties"] == spec_module.MAX_LABELS
+    assert props["labels"]["additionalProperties"]["maxLength"] == spec_module.MAX_LABEL_VALUE
+    assert str(spec_module.MAX_LABEL_KEY) in props["labels"]["x-kubernetes-validations"][0]["rule"]
+
+
+def test_per_model_limits_reach_the_workers_model_store() -> None:
+    from modelplane_operator import workloads
+
+    spec = ModelSpec.from_served_model({"metadata": {"name": "m"}, "spec": {
+        "framework": "triton", "source": {"uri": "pvc://c/m"}, "maxConcurrency": 2, "timeoutSeconds": 1.5}})
+    read_back = ModelSpec.model_validate(workloads.store_entry(spec))
+    assert (read_back.max_concurrency, read_back.timeout_seconds) == (2, 1.5)

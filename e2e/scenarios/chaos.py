@@ -1,11 +1,11 @@
 """Chaos under load on an e2e platform: a constant stream of requests for a model with two copies
 (a dedicated group of two pods) while, in turn, a worker container, a Triton sidecar, the router
 and the operator are killed (SIGKILL through ``Platform.kill_container``) and restarted by the
-kubelet (or the local node agent). Per event: requests during it, the failed ones, how long the
+kubelet. Per event: requests during it, the failed ones, how long the
 failure was visible (kill to last failed request) and how long until both copies were Ready again.
 
-A benchmark, not a pass/fail scenario: e2e/local/test_chaos_under_load.py runs it when
-MODELPLANE_CHAOS=1 and prints the table (docs/reliability.md); a kind run uses the same function.
+A benchmark, not a pass/fail scenario: e2e/kind/test_chaos_under_load.py runs it when
+MODELPLANE_CHAOS=1 and prints the table (docs/reliability.md).
 """
 from __future__ import annotations
 

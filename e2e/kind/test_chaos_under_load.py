@@ -1,5 +1,5 @@
-"""Chaos under load on the local e2e platform (e2e/scenarios/chaos.py): a benchmark that prints its
-table, run with MODELPLANE_CHAOS=1 (`MODELPLANE_CHAOS=1 .venv/bin/pytest -q -s e2e/local/test_chaos_under_load.py`);
+"""Chaos under load on the kind tier (e2e/scenarios/chaos.py): a benchmark that prints its table, run
+with MODELPLANE_CHAOS=1 (`MODELPLANE_CHAOS=1 .venv/bin/pytest -q -s e2e/kind/test_chaos_under_load.py`);
 figures in docs/reliability.md. It asserts only what must hold: a dead worker or sidecar, or the
 operator, costs no request of a model with two copies."""
 from __future__ import annotations

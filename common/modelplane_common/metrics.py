@@ -27,3 +27,4 @@ ROUTER_REQUESTS_TOTAL = f"{PREFIX}_router_requests_total"      # labels: model, 
 ROUTER_REQUEST_SECONDS = f"{PREFIX}_router_request_seconds"    # labels: model
 ROUTER_PLACEMENTS_TOTAL = f"{PREFIX}_router_placements_total"  # labels: model, pod, reason
 ROUTER_RETRIES_TOTAL = f"{PREFIX}_router_retries_total"        # labels: model
+ROUTER_VERSION_REQUESTS_TOTAL = f"{PREFIX}_router_version_requests_total"  # answers by version; labels: model, version

@@ -204,6 +204,9 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
         placement = f"{spec.placement.value} placement, min {spec.replicas.min} / max {spec.replicas.max} copies"
         if _set_condition(body, patch, conditions.ACCEPTED, True, "Valid", placement):
             kopf.event(body, type="Normal", reason="Accepted", message=placement)
+        if (fit := validation.rollout_fit(spec, config)) is not None:
+            if _set_condition(body, patch, conditions.ROLLOUT_FITS, *fit) and not fit[0]:
+                kopf.warn(body, reason=fit[1], message=fit[2])
         _refresh_status(memo.kube, spec, body, patch, config, reports)
         _write_status(body, patch, {"observedGeneration": generation})
 

@@ -13,6 +13,7 @@ from typing import Any
 import pydantic
 
 from modelplane_common import quantity
+from modelplane_common.quantity import format_bytes
 from modelplane_common import spec as spec_module
 from modelplane_common.spec import ModelSpec, Placement
 from modelplane_operator import workloads
@@ -130,3 +131,22 @@ def over_the_caps(items: list[dict[str, Any]], config: OperatorConfig) -> dict[s
         if spec.placement is Placement.DEDICATED:
             dedicated_pods += spec.replicas.min
     return problems
+
+
+def rollout_fit(spec: ModelSpec, config: OperatorConfig) -> tuple[bool, str, str] | None:
+    """With a canary: (fits, reason, message) for both versions held at once on one pod, the memory
+    peak of serving two versions side by side (and of a dedicated pod taking the canary over). None
+    without a canary."""
+    canary = spec.canary_variant()
+    if canary is None:
+        return None
+    both = spec.memory_bytes + canary.memory_bytes
+    budget = config.pod_memory_budget
+    versions = (f"versions {spec.version} ({format_bytes(spec.memory_bytes)}) and {canary.version} "
+                f"({format_bytes(canary.memory_bytes)}) need {format_bytes(both)} together")
+    if both <= budget:
+        return True, "BothVersionsFit", f"{versions}, within a pod's memory budget of {format_bytes(budget)}"
+    return False, "NoRoomForBothVersions", (
+        f"{versions}, more than a pod's memory budget of {format_bytes(budget)}: the two versions are "
+        "placed on different pods where the pool has them, and a pod never holds both (a dedicated "
+        "group's pods swap versions with a restart)")

@@ -250,7 +250,7 @@ def build_pool_deployment(config: OperatorConfig, replicas: int,
 
 
 # Registry fields workers never read: kept out of the store, whose ConfigMap holds every model.
-_NOT_IN_STORE = {"memory_bytes", "labels", "warmup", "owner", "oncall"}
+_NOT_IN_STORE = {"memory_bytes", "labels", "owner", "oncall", "variant_of", "variant_weight"}
 
 
 def store_entry(spec: ModelSpec) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from typing import Annotated, Any, Awaitable, Callable, Mapping
 import msgspec
 
 from modelplane_common import errors, http
+from modelplane_common.wire import VERSION_HEADER
 from modelplane_router.routing import Router
 from modelplane_router.telemetry import RouterMetrics
 from modelplane_router.upstream import PASSED_RESPONSE_HEADERS, UpstreamResponse
@@ -194,6 +195,8 @@ class InferenceRoutes:
             upstream: UpstreamResponse = await self.router.forward(model, "POST", path, body, headers)
             code = upstream.status_code
             passed = {k: v for k, v in upstream.headers.items() if k.lower() in PASSED_RESPONSE_HEADERS}
+            if version := passed.get(VERSION_HEADER) or upstream.headers.get(VERSION_HEADER):
+                self.metrics.versions.labels(metric_label(self.router, model), version).inc()
             await respond(send, code, upstream.content, passed)
         except errors.ModelplaneError as exc:
             code = exc.status_code

@@ -61,6 +61,7 @@ class PodView:
     queued: int = 0  # requests waiting in its admission queue
     copies: dict[str, CopyView] = dataclasses.field(default_factory=dict)
     catalog: dict[str, int] = dataclasses.field(default_factory=dict)  # model id -> estimated bytes
+    canaries: dict[str, tuple[str, int]] = dataclasses.field(default_factory=dict)  # model -> (its canary's id, weight %)
 
     def ready_models(self) -> set[str]:
         return {m for m, c in self.copies.items() if c.state == CopyState.READY}
@@ -87,6 +88,7 @@ class ModelMap:
         """Replace what the map knows of `url` with the worker's own report."""
         copies = {c.id: CopyView.of(c) for c in status.models}
         catalog = {e.id: e.memory_bytes for e in status.catalog}
+        canaries = {e.id: (e.canary, e.canary_weight) for e in status.catalog if e.canary}
         previous = self._pods.get(url)
         self._pods[url] = PodView(
             url=url,
@@ -100,6 +102,7 @@ class ModelMap:
             queued=status.queued_requests,
             copies=copies,
             catalog=catalog,
+            canaries=canaries,
         )
         self._known = None
         # A fresh report supersedes the router's own guesses about this pod.
@@ -224,6 +227,15 @@ class ModelMap:
             return max(measured)
         estimates = [p.catalog[model] for p in self._pods.values() if p.catalog.get(model)]
         return max(estimates) if estimates else fallback
+
+    def canary_of(self, model: str) -> tuple[str, int] | None:
+        """`model`'s canary version (its id) and the percent of requests it takes, as the workers'
+        catalogs say (they follow the model store, so an edited rollout reaches the router with the
+        next reports); None when it has none."""
+        for pod in self._pods.values():
+            if model in pod.canaries:
+                return pod.canaries[model]
+        return None
 
     def pods_with_catalog(self, model: str) -> list[PodView]:
         """Ready pods that can load `model`."""

@@ -26,7 +26,7 @@ from typing import Awaitable, Callable, Mapping
 
 from modelplane_common import errors
 from modelplane_common.quantity import format_bytes
-from modelplane_common.wire import TIMEOUT_HEADER
+from modelplane_common.wire import TIMEOUT_HEADER, VARIANT_HEADER
 from modelplane_router import placement, prefix_routing
 from modelplane_router.model_map import ModelMap
 from modelplane_router.replication import Action, ModelLimits, ReplicationPolicy
@@ -225,6 +225,10 @@ class Router:
         join) and serves it as soon as it is ready, before the copy could be evicted. `load=False`
         (metadata): never place a copy; any pod that can load the model answers from its store."""
         deadline = self.deadline(headers)
+        if load and "/versions/" not in path:  # a request that names a version gets that version
+            chosen = self.choose_variant(model)
+            if chosen != model:
+                model, headers = chosen, {**headers, VARIANT_HEADER: chosen}
         tried: list[str] = []
         response: UpstreamResponse | None = None
         for attempt in range(2):
@@ -246,6 +250,14 @@ class Router:
         if response is not None:
             return response  # a 5xx with no other copy to try: the worker's answer stands
         raise errors.BackendUnavailable(f"no ready copy of {model!r} answered", self.retry_after_s)
+
+    def choose_variant(self, model: str) -> str:
+        """`model`, or its canary version for the canary's weight in percent of the requests."""
+        canary = self.model_map.canary_of(model)
+        if canary is None:
+            return model
+        variant, weight = canary
+        return variant if self.rng.random() * 100 < weight else model
 
     def _target(self, model: str, tried: list[str], load: bool) -> tuple[str, bool] | None:
         """Where the next attempt goes: a ready copy; else a copy loading now; else a new placement

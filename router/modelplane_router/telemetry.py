@@ -20,4 +20,7 @@ class RouterMetrics:
                                ["model"], registry=self.registry)
         self.removals = Counter(f"{names.PREFIX}_router_copy_removals_total", "Extra copies the router unloaded",
                                 ["model", "pod"], registry=self.registry)
+        self.versions = Counter(names.ROUTER_VERSION_REQUESTS_TOTAL.removesuffix("_total"),
+                                "Answered requests by the version that computed them (canaries)", ["model", "version"],
+                                registry=self.registry)
         self.pods = Gauge(f"{names.PREFIX}_router_pods", "Worker pods in the map", registry=self.registry)

@@ -16,7 +16,7 @@ import aiohttp
 import yarl
 
 from modelplane_common import errors
-from modelplane_common.wire import TIMEOUT_HEADER, VERSION_HEADER, WorkerStatus
+from modelplane_common.wire import TIMEOUT_HEADER, VARIANT_HEADER, VERSION_HEADER, WorkerStatus
 
 # Headers a worker's answer keeps on its way back through the router. Content-Encoding goes with
 # the body it describes (a client that asked for gzip with Accept-Encoding gets it from Triton).
@@ -24,7 +24,7 @@ PASSED_RESPONSE_HEADERS = ("content-type", "inference-header-content-length", "r
                            "content-encoding", VERSION_HEADER)
 # Headers a client's request keeps on its way to a worker: a gzip body (tritonclient's request
 # compression) is only readable with its Content-Encoding.
-PASSED_REQUEST_HEADERS = ("content-type", "inference-header-content-length", "accept", TIMEOUT_HEADER,
+PASSED_REQUEST_HEADERS = ("content-type", "inference-header-content-length", "accept", TIMEOUT_HEADER, VARIANT_HEADER,
                           "content-encoding", "accept-encoding")
 
 

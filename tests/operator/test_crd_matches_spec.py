@@ -25,8 +25,9 @@ def _spec_schema() -> dict:
 
 
 def test_every_spec_field_is_in_the_schema_and_back() -> None:
-    # id is metadata.name; memory_bytes is written `memory`; source is an object {uri}.
-    model_fields = {(f.alias or name) for name, f in ModelSpec.model_fields.items()} - {"id"}
+    # id is metadata.name; memory_bytes is written `memory`; source is an object {uri}; variant_of and
+    # variant_weight exist only on a canary's derived spec (ModelSpec.canary_variant).
+    model_fields = {(f.alias or name) for name, f in ModelSpec.model_fields.items()} - {"id", "variant_of", "variant_weight"}
     assert set(_spec_schema()["properties"]) == model_fields
 
 
@@ -92,3 +93,10 @@ def test_per_model_limits_reach_the_workers_model_store() -> None:
         "framework": "triton", "source": {"uri": "pvc://c/m"}, "maxConcurrency": 2, "timeoutSeconds": 1.5}})
     read_back = ModelSpec.model_validate(workloads.store_entry(spec))
     assert (read_back.max_concurrency, read_back.timeout_seconds) == (2, 1.5)
+
+
+def test_the_canary_schema_agrees() -> None:
+    canary = _spec_schema()["properties"]["rollout"]["properties"]["canary"]
+    fields = {(f.alias or name) for name, f in spec_module.Canary.model_fields.items()}
+    assert set(canary["properties"]) == fields and set(canary["required"]) == {"version", "source", "weight"}
+    assert (canary["properties"]["weight"]["minimum"], canary["properties"]["weight"]["maximum"]) == (0, 100)

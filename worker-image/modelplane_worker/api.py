@@ -141,7 +141,8 @@ def create_app(
 
         body = parse() if len(raw) <= OFF_LOOP_BYTES and not encoding else await asyncio.to_thread(parse)
         timing = RequestTiming()
-        predictions = await dataplane.predict(body.model_id, body.input_data, timeout_of(request), timing)
+        predictions = await dataplane.predict(body.model_id, body.input_data, timeout_of(request), timing,
+                                              request.headers.get(wire.VARIANT_HEADER))
         answer = wire.PredictResponse(model_id=body.model_id, predictions=predictions, model_version=timing.version)
         return Response(answer.model_dump_json(), media_type="application/json",
                         headers={"Server-Timing": timing.header(), wire.VERSION_HEADER: timing.version})
@@ -189,7 +190,8 @@ def create_app(
             return codec.decode_request(raw, header_length)
 
         timing = RequestTiming()
-        answer = await dataplane.infer(name, version, body, request.headers, decode, timeout_of(request), timing)
+        answer = await dataplane.infer(name, version, body, request.headers, decode, timeout_of(request), timing,
+                                       request.headers.get(wire.VARIANT_HEADER))
         return Response(content=answer.body, status_code=answer.status,
                         headers={**answer.headers, "Server-Timing": timing.header(), wire.VERSION_HEADER: timing.version})
 
@@ -370,9 +372,11 @@ def copies(manager: ModelManager) -> list[wire.ModelCopy]:
 
 
 def catalog_entry(spec: ModelSpec, manager: ModelManager) -> wire.CatalogEntry:
+    canary = spec.canary_variant()
     return wire.CatalogEntry(id=spec.id, framework=spec.framework.value, memory_bytes=manager.known_size(spec),
                              name=spec.name, type=spec.task.value, version=spec.version, description=spec.description,
-                             base_model=spec.base_model)
+                             base_model=spec.base_model, canary=canary.id if canary else "",
+                             canary_weight=canary.variant_weight if canary else 0)
 
 
 def models_report(manager: ModelManager) -> wire.ModelsResponse:

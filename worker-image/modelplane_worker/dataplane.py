@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Mapping
 
-from modelplane_common import errors
+from modelplane_common import errors, wire
 from modelplane_common.spec import ModelSpec
 from modelplane_worker import codec, engine
 from modelplane_worker.backends import Backends
@@ -92,11 +92,12 @@ class DataPlane:
                     self.metrics.request_ended(spec)
 
     async def predict(self, model_id: str, input_data: Any, timeout_s: float | None = None,
-                      timing: RequestTiming | None = None) -> Any:
+                      timing: RequestTiming | None = None, variant: str | None = None) -> Any:
         """Seed ``/predict``: JSON in, JSON predictions out. `timeout_s` bounds the wait for room
-        and for a load (default: the manager's request timeout)."""
+        and for a load (default: the manager's request timeout); `variant`: the canary version the
+        router chose to answer (``X-Modelplane-Variant``)."""
         timing = timing or RequestTiming()
-        async with self._request(model_id) as outcome:
+        async with self._request(model_id, variant) as outcome:
             spec = outcome.spec
             async with self._model(spec, timeout_s, timing) as worker:
                 return await self._run(spec, timing, worker.predict, input_data)
@@ -110,12 +111,13 @@ class DataPlane:
         decode: Callable[[], codec.InferRequest],
         timeout_s: float | None = None,
         timing: RequestTiming | None = None,
+        variant: str | None = None,
     ) -> ForwardedResponse:
         """OIP v2 infer. A loaded model whose framework forwards OIP itself (triton) gets the body
         and headers untouched and its answer goes back untouched; otherwise `decode` the body
         (before any load, so a bad body never loads a model), infer, and encode the outputs."""
         timing = timing or RequestTiming()
-        async with self._request(model_name) as outcome:
+        async with self._request(model_name, None if version else variant) as outcome:
             spec = outcome.spec
             check_version(spec, version)
             loaded = self.manager.loaded_worker(spec.id)
@@ -128,7 +130,7 @@ class DataPlane:
                         return forwarded
                     request = await _off_loop(len(body), decode)
                 outputs = await self._run(spec, timing, worker.infer, request.inputs, request.parameters)
-            content, content_headers = await _off_loop(_nbytes(outputs), codec.encode_response, spec.id,
+            content, content_headers = await _off_loop(_nbytes(outputs), codec.encode_response, spec.variant_of or spec.id,
                                                        timing.version or spec.version, request, outputs)
             return ForwardedResponse(status=200, headers=content_headers, body=content)
 
@@ -164,14 +166,14 @@ class DataPlane:
         return await asyncio.to_thread(worker.is_ready)
 
     @contextlib.asynccontextmanager
-    async def _request(self, model_id: str) -> AsyncIterator[_Outcome]:
-        """Resolve the spec and record the request's code and latency however it ends
-        (a forwarded answer sets its backend's status as the code)."""
+    async def _request(self, model_id: str, variant: str | None = None) -> AsyncIterator[_Outcome]:
+        """Resolve the spec (the canary version `variant`, when the router chose it) and record the
+        request's code and latency however it ends (a forwarded answer sets its backend's status)."""
         started = time.perf_counter()
         spec: ModelSpec | None = None
         code = 500
         try:
-            spec = self.manager.store.get(model_id)
+            spec = self._resolve(model_id, variant)
             outcome = _Outcome(spec)
             yield outcome
             code = outcome.code
@@ -180,6 +182,18 @@ class DataPlane:
             raise
         finally:
             self.metrics.request_finished(spec, code, time.perf_counter() - started)
+
+    def _resolve(self, model_id: str, variant: str | None) -> ModelSpec:
+        spec = self.manager.store.get(model_id)
+        if not variant or variant == model_id:
+            return spec
+        try:
+            chosen = self.manager.store.get(variant)
+        except errors.ModelNotFound:
+            return spec  # the canary just ended (the router's view lags the store): the model answers
+        if chosen.variant_of != model_id:
+            raise errors.BadInput(f"{wire.VARIANT_HEADER}: {variant!r} is not a version of model {model_id!r}")
+        return chosen
 
     async def _forward(
         self, spec: ModelSpec, worker: FrameworkWorker, body: bytes, headers: Mapping[str, str]

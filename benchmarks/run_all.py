@@ -23,6 +23,10 @@ BENCHMARKS: list[list[str]] = [
     ["router_cold_start.py", "--real"],
     ["llm_streaming.py"],
     ["pool_autoscaling.py"],
+    # Reliability (docs/reliability.md): hostile inputs, chaos under load, the 10-minute soak.
+    ["hostile_inputs.py"],
+    ["chaos.py"],
+    ["soak.py", "--minutes", "10"],
 ]
 
 

@@ -76,3 +76,22 @@ class UpstreamTimeout(ModelplaneError):
 
 class Unauthorized(ModelplaneError):
     status_code = 401
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.headers = {"WWW-Authenticate": "Bearer"}
+
+
+class Forbidden(ModelplaneError):
+    """Refused by policy: a disabled endpoint, a model source outside the declared roots,
+    a Triton backend not on the allowlist."""
+    status_code = 403
+
+
+class TooManyRequests(ModelplaneError):
+    """One model has more requests waiting than its queue holds (``spec.maxConcurrency``)."""
+    status_code = 429
+
+    def __init__(self, message: str, retry_after_s: int = 1) -> None:
+        super().__init__(message)
+        self.headers = {"Retry-After": str(retry_after_s)}

@@ -1,10 +1,18 @@
-"""Shared FastAPI wiring: the error body, the error-to-status handler and a body-size guard."""
+"""Shared HTTP wiring: the error body, the error-to-status handler, bounded bodies, compressed
+bodies and bearer tokens. The worker and the router both use each, so they answer alike."""
 from __future__ import annotations
+
+import hmac
+import zlib
+from typing import Mapping
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from modelplane_common import errors
+
+# Request headers a caller's bearer token travels in.
+AUTHORIZATION = "authorization"
 
 
 def error_body(message: str) -> dict[str, str]:
@@ -34,3 +42,36 @@ async def read_body_limited(request: Request, limit_bytes: int) -> bytes:
             raise errors.PayloadTooLarge(f"request body exceeds the limit of {limit_bytes} bytes")
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+_ZLIB_WINDOW = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+
+
+def decompress(body: bytes, encoding: str | None, limit_bytes: int) -> bytes:
+    """A gzip/deflate request body (tritonclient's request compression), refused past `limit_bytes`
+    once inflated: a small compressed body must not become gigabytes (413)."""
+    encoding = (encoding or "").strip().lower()
+    if encoding in ("", "identity"):
+        return body
+    if encoding not in _ZLIB_WINDOW:
+        raise errors.BadInput(f"Content-Encoding {encoding!r} is not supported; use gzip, deflate or none")
+    inflater = zlib.decompressobj(_ZLIB_WINDOW[encoding])
+    try:
+        raw = inflater.decompress(body, limit_bytes + 1)
+    except zlib.error as exc:
+        raise errors.BadInput(f"request body is not valid {encoding}: {exc}") from None
+    if len(raw) > limit_bytes or inflater.unconsumed_tail:
+        raise errors.PayloadTooLarge(f"decompressed request body exceeds the limit of {limit_bytes} bytes")
+    return raw
+
+
+def bearer_token(headers: Mapping[str, str]) -> str:
+    """The token of an ``Authorization: Bearer <token>`` header; "" when there is none."""
+    scheme, _, token = headers.get(AUTHORIZATION, "").partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else ""
+
+
+def check_bearer(headers: Mapping[str, str], expected: str, what: str) -> None:
+    """401 unless the request carries `expected` as its bearer token (compared in constant time)."""
+    if not hmac.compare_digest(bearer_token(headers).encode(), expected.encode()):
+        raise errors.Unauthorized(f"{what} needs 'Authorization: Bearer <token>' with this server's token")

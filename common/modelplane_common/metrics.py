@@ -14,7 +14,9 @@ MEMORY_USED_BYTES = f"{PREFIX}_memory_used_bytes"      # gauge; labels: pod
 MEMORY_BUDGET_BYTES = f"{PREFIX}_memory_budget_bytes"  # gauge; labels: pod
 QUEUED_REQUESTS = f"{PREFIX}_queued_requests"          # gauge: requests waiting for room; labels: model, framework, pod
 QUEUE_WAIT_SECONDS = f"{PREFIX}_queue_wait_seconds"    # histogram; labels: model, framework, pod
-REFUSALS_TOTAL = f"{PREFIX}_refusals_total"            # 503s for lack of room; labels: model, framework, pod, reason
+REFUSALS_TOTAL = f"{PREFIX}_refusals_total"            # 503s for lack of room, 429s of a full per-model queue; labels: model, framework, pod, reason
+INFLIGHT_REQUESTS = f"{PREFIX}_inflight_requests"      # gauge: inference requests being served now; labels: model, framework, pod
+MODEL_QUEUED_REQUESTS = f"{PREFIX}_model_queued_requests"  # gauge: requests waiting for a slot of spec.maxConcurrency; labels: model, framework, pod
 # Token metrics of generative models (OpenAI routes), every framework alike; labels: model, framework, pod.
 TIME_TO_FIRST_TOKEN_SECONDS = f"{PREFIX}_time_to_first_token_seconds"        # histogram: request arrival -> first token
 TIME_PER_OUTPUT_TOKEN_SECONDS = f"{PREFIX}_time_per_output_token_seconds"    # histogram: per request, (last - first) / (tokens - 1)
@@ -40,3 +42,4 @@ POOL_SCALE_EVENTS_TOTAL = f"{PREFIX}_pool_scale_events_total"  # labels: namespa
 QUOTA_USED = f"{PREFIX}_quota_used"                            # gauge; labels: namespace, resource (memory, copies, gpus)
 QUOTA_LIMIT = f"{PREFIX}_quota_limit"                          # gauge; labels: namespace, resource
 QUOTA_REFUSED_MODELS = f"{PREFIX}_quota_refused_models"        # gauge: models refused for the quota; labels: namespace
+ROUTER_VERSION_REQUESTS_TOTAL = f"{PREFIX}_router_version_requests_total"  # answers by version; labels: model, version

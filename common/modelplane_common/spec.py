@@ -45,6 +45,14 @@ class Placement(str, enum.Enum):
 
 SOURCE_SCHEMES = ("file", "pvc")
 
+# Bounds the CRD's schema states too (tests/operator/test_crd_matches_spec.py checks they agree).
+MAX_CONCURRENCY = 1024
+MAX_TIMEOUT_SECONDS = 3600
+MAX_DESCRIPTION = 1024
+MAX_LABELS = 32
+MAX_LABEL_KEY = 63
+MAX_LABEL_VALUE = 253
+
 # ServedModel names modelplane keeps for itself, and why. Refused at admission by the CRD's CEL
 # rule and again by the operator (tests/operator/test_crd_matches_spec.py checks both use this list).
 RESERVED_NAMES: dict[str, str] = {
@@ -91,6 +99,54 @@ class Replicas(BaseModel):
         return self
 
 
+VARIANT_SEPARATOR = "_"  # never in a ServedModel's name (a DNS subdomain), so a variant id is never a model's
+
+
+def variant_id(model: str, version: str) -> str:
+    """The id a canary version of `model` is served under (``sentiment_2``): a model of its own to
+    the workers and the router, which split `model`'s traffic onto it by weight."""
+    return f"{model}{VARIANT_SEPARATOR}{version}"
+
+
+def _source_of(value: Any) -> Any:
+    """A ServedModel's ``source: {uri: ...}`` or a store's plain string."""
+    return value.get("uri", "") if isinstance(value, dict) else value
+
+
+class Canary(BaseModel):
+    """A second version served beside the model's own, taking `weight` percent of its requests."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    version: str = Field(..., min_length=1, max_length=63, pattern=r"^[a-z0-9]([a-z0-9.-]*[a-z0-9])?$")
+    source: str
+    weight: int = Field(..., ge=0, le=100, description="percent of the model's requests")
+    memory_bytes: int = Field(0, ge=0, alias="memory", description="estimate; 0: the model's own")
+
+    @field_validator("source", mode="before")
+    @classmethod
+    def _uri(cls, value: Any) -> Any:
+        return _source_of(value)
+
+    @field_validator("source")
+    @classmethod
+    def _check_source(cls, value: str) -> str:
+        return validate_source_uri(value)
+
+    @field_validator("memory_bytes", mode="before")
+    @classmethod
+    def _parse_memory(cls, value: Any) -> int:
+        return 0 if value in (None, "") else quantity.parse_bytes(value)
+
+
+class Rollout(BaseModel):
+    """How a new version meets traffic before it becomes the model's own (``version``/``source``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    canary: Canary | None = None
+
+
 class ModelSpec(BaseModel):
     """Everything modelplane knows about one model before it is loaded."""
 
@@ -106,6 +162,11 @@ class ModelSpec(BaseModel):
     replicas: Replicas = Field(default_factory=Replicas)
     placement: Placement = Placement.SHARED
     pinned: bool = False
+    # Per-model limits the worker enforces around inference: at most `max_concurrency` requests of
+    # this model run at once (the rest wait in a bounded queue: 429 when it is full, 503 past their
+    # deadline); `timeout_seconds` caps every request's deadline (queue, load and inference).
+    max_concurrency: int | None = Field(None, ge=1, le=MAX_CONCURRENCY, alias="maxConcurrency")
+    timeout_seconds: float | None = Field(None, gt=0, le=MAX_TIMEOUT_SECONDS, alias="timeoutSeconds")
     warmup: list[Any] = Field(default_factory=list)
     # A LoRA adapter names the model it runs on (same framework): it loads into that model's engine,
     # only where that model is loaded, and counts as a light model of its own under the budget.
@@ -113,10 +174,27 @@ class ModelSpec(BaseModel):
     # Engine settings for frameworks that run an engine per model (vllm: gpu_memory_utilization,
     # max_model_len, enable_lora, ...); each framework checks the keys it accepts when it loads.
     engine_args: dict[str, str | int | float | bool] = Field(default_factory=dict, alias="engineArgs")
+    rollout: Rollout | None = None
+    # Set only on a canary's derived spec (``canary_variant``): the model whose traffic it shares,
+    # and its weight in percent.
+    variant_of: str = ""
+    variant_weight: int = 0
     labels: dict[str, str] = Field(default_factory=dict)
-    description: str = ""
+    description: str = Field("", max_length=MAX_DESCRIPTION)
     owner: str = ""
     oncall: str = ""
+
+    @field_validator("labels")
+    @classmethod
+    def _bounded_labels(cls, value: dict[str, str]) -> dict[str, str]:
+        """Labels travel in every pool's model-store ConfigMap (1 MiB for all models): keep them small."""
+        if len(value) > MAX_LABELS:
+            raise ValueError(f"at most {MAX_LABELS} labels, got {len(value)}")
+        for key, text in value.items():
+            if len(key) > MAX_LABEL_KEY or len(text) > MAX_LABEL_VALUE:
+                raise ValueError(f"label {key[:40]!r}: keys take at most {MAX_LABEL_KEY} characters, "
+                                 f"values at most {MAX_LABEL_VALUE}")
+        return value
 
     @field_validator("memory_bytes", mode="before")
     @classmethod
@@ -142,6 +220,24 @@ class ModelSpec(BaseModel):
                 json.dumps(self.engine_args, sort_keys=True, default=str))
 
     @model_validator(mode="after")
+    def _canary_is_another_version(self) -> "ModelSpec":
+        if self.rollout and self.rollout.canary and self.rollout.canary.version == self.version:
+            raise ValueError(f"rollout.canary.version must differ from version ({self.version!r})")
+        return self
+
+    def canary_variant(self) -> "ModelSpec | None":
+        """The canary version as a model of its own (``variant_id``), or None without a canary."""
+        canary = self.rollout.canary if self.rollout else None
+        if canary is None:
+            return None
+        return self.model_copy(update={
+            "id": variant_id(self.id, canary.version), "name": self.name, "version": canary.version,
+            "source": canary.source, "memory_bytes": canary.memory_bytes or self.memory_bytes,
+            "rollout": None, "variant_of": self.id, "variant_weight": canary.weight, "pinned": False,
+            "replicas": Replicas(min=0, max=self.replicas.max),
+        })
+
+    @model_validator(mode="after")
     def _not_its_own_base(self) -> "ModelSpec":
         if self.base_model and self.base_model == self.id:
             raise ValueError(f"model {self.id!r} cannot be its own baseModel")
@@ -153,3 +249,8 @@ class ModelSpec(BaseModel):
         spec = dict(body.get("spec") or {})
         source = spec.pop("source", {}) or {}
         return cls(id=body["metadata"]["name"], source=source.get("uri", ""), **spec)
+
+
+def with_variants(specs: list[ModelSpec]) -> list[ModelSpec]:
+    """`specs` and the canary version of each that has one: what a worker's store can load."""
+    return [*specs, *(variant for spec in specs if (variant := spec.canary_variant()) is not None)]

@@ -14,6 +14,8 @@ from pydantic import BaseModel, Field
 # A caller's time budget for one request, in seconds (decimal): how long a worker may let it wait
 # for room and for its model's load. The router sends what is left of its own request timeout.
 TIMEOUT_HEADER = "x-modelplane-timeout"
+# Router -> worker: the canary version (its variant id) chosen to answer a request for its model.
+VARIANT_HEADER = "x-modelplane-variant"
 # On every inference answer: the version of the copy that computed it (during a rollout, the old
 # version until the new copy has taken over).
 VERSION_HEADER = "x-modelplane-model-version"
@@ -107,6 +109,8 @@ class CatalogEntry(BaseModel):
     version: str = ""
     description: str = ""
     base_model: str = ""  # a LoRA adapter: the model it runs on (routed to where that model is loaded)
+    canary: str = ""  # the id of this model's canary version (spec.rollout.canary), if it has one
+    canary_weight: int = 0  # the percent of this model's requests the router sends to it
 
     def metadata(self) -> ModelMetadata:
         return ModelMetadata(id=self.id, name=self.name or self.id, type=self.type, framework=self.framework,

@@ -289,4 +289,6 @@ def test_helm_upgrade_rolls_the_pool_without_failed_requests(platform: KindPlatf
         finally:
             stop.set()
     assert codes and not failures, f"{len(failures)} of {len(codes)} requests failed: {failures[:5]}"
-    assert all(router_sees_ready(platform, p["metadata"]["name"]) for p in kube.worker_pods(POOL_SELECTOR))
+    # The old pods drain (unready, still serving) before they go; the router takes the new ones in.
+    wait_for("the router seeing every new pool pod ready",
+             lambda: all(router_sees_ready(platform, p["metadata"]["name"]) for p in kube.worker_pods(POOL_SELECTOR)), 60)

@@ -45,3 +45,7 @@ def test_deleted_model_unloaded_and_gone(platform, sm_kube) -> None:
 
 def test_missing_source_reported_nothing_else_disturbed(platform, sm_kube) -> None:
     scenario.missing_source_reported(platform, sm_kube)
+
+
+def test_canary_then_promoted_with_no_failed_request(platform, sm_kube) -> None:
+    scenario.canary_then_promote(platform, sm_kube)

@@ -13,6 +13,7 @@ for replication and failure scenarios (4-6), and the catalog shrinks (7, 8).
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import threading
 import time
 from typing import Any
@@ -84,8 +85,18 @@ def router_sees_ready(platform: Platform, pod: str) -> bool:
     return any(p["pod"] == pod and p["ready"] for p in router_pods(platform))
 
 
+def worker_token(platform: Platform) -> str:
+    """The workers' API token, read from its Secret as a cluster admin would (docs/security.md)."""
+    import base64
+
+    secret = json.loads(platform.kubectl.kubectl("get", "secret", "modelplane-worker-token", "-n", platform.namespace,
+                                                 "-o", "json").stdout)
+    return base64.b64decode(secret["data"]["token"]).decode()
+
+
 def worker_status(platform: Platform, pod: str) -> dict[str, Any]:
-    answer = httpx.get(f"{platform.worker_url(pod)}/status", timeout=10)
+    answer = httpx.get(f"{platform.worker_url(pod)}/status", timeout=10,
+                       headers={"Authorization": f"Bearer {worker_token(platform)}"})
     answer.raise_for_status()
     return answer.json()
 
@@ -351,3 +362,54 @@ def missing_source_reported(platform: Platform, kube: Kube) -> None:
              for p in kube.worker_pods()}
     assert after == restarts, f"worker restarts changed: {restarts} -> {after}"
     kube.delete("servedmodel", "ghost")
+
+
+# -- 9. versions side by side ----------------------------------------------------------------------
+def canary_then_promote(platform: Platform, kube: Kube) -> None:
+    """Version 1, a 10% canary of version 2, the canary at 100%, then version 2 promoted and version 1
+    gone from every pod, with zero failed requests (docs/operator.md, "Versions, canaries")."""
+    name = "sentiment-canary"
+    body = sample("sentiment")
+    body["metadata"]["name"] = name
+    kube.apply([body])
+    predict_ok(platform, name)
+    answers: list[tuple[int, str]] = []
+    stop = threading.Event()
+
+    def traffic() -> None:
+        with httpx.Client(timeout=60) as client:
+            while not stop.is_set():
+                answer = client.post(f"{platform.router_url}/predict", json={"model_id": name, "input_data": payload("sentiment")})
+                answers.append((answer.status_code, answer.headers.get("x-modelplane-model-version", "")))
+
+    def set_spec(**changes: Any) -> None:
+        spec = {**body["spec"], **changes}
+        kube.apply([{**body, "spec": {k: v for k, v in spec.items() if v is not None}}])
+
+    canary = {"version": "2", "source": {"uri": "pvc://models/sentiment-v2"}, "weight": 10}
+    thread = threading.Thread(target=traffic, daemon=True)
+    thread.start()
+    try:
+        set_spec(rollout={"canary": canary})
+        wait_for("a first answer from the canary", lambda: any(v == "2" for _, v in answers), CATALOG_PROPAGATION_S)
+        mark = len(answers)
+        wait_for("200 answers with the canary at 10%", lambda: len(answers) - mark >= 200, 300)
+        share = sum(v == "2" for _, v in answers[mark:mark + 200]) / 200
+        assert 0.03 <= share <= 0.2, f"the canary answered {share:.0%} of 200 requests at weight 10"
+        set_spec(rollout={"canary": {**canary, "weight": 100}})
+        wait_for("the canary answering everything", lambda: len(answers) > 20 and all(v == "2" for _, v in answers[-20:]),
+                 CATALOG_PROPAGATION_S)
+        set_spec(version="2", source={"uri": "pvc://models/sentiment-v2"}, rollout=None)  # promote
+
+        def version_one_gone() -> bool:
+            held = {c["version"] for pod in kube.worker_pods(POOL_SELECTOR)
+                    for c in worker_status(platform, pod["metadata"]["name"])["models"] if c["id"].startswith(name)}
+            return "1" not in held and len(answers) > 20 and all(v == "2" for _, v in answers[-20:])
+
+        wait_for("version 1 gone from every pod", version_one_gone, CATALOG_PROPAGATION_S)
+    finally:
+        stop.set()
+        thread.join(60)
+        kube.delete("servedmodel", name)
+    failed = [a for a in answers if a[0] != 200]
+    assert not failed, f"{len(failed)} of {len(answers)} requests failed: {failed[:5]}"

@@ -1,4 +1,5 @@
-"""Which ServedModels are accepted: a valid spec, a name no earlier model took, room in the quota.
+"""Which ServedModels are accepted: a valid spec, a name no earlier model took, room in the quota
+and within the operator's own caps (``validation.Caps``: the model store's size, dedicated pods).
 
 One pure function over every model the operator watches, so the per-object
 handler (which writes ``Accepted``) and the pool timer (which publishes the
@@ -22,6 +23,7 @@ from modelplane_common import quantity
 from modelplane_common.spec import ModelSpec, Placement
 from modelplane_operator.config import GpuMode, OperatorConfig
 from modelplane_operator.index import ModelEntry, Quota
+from modelplane_operator.validation import Caps
 
 VALID = "Valid"
 INVALID_SPEC = "InvalidSpec"
@@ -94,12 +96,22 @@ def decide(entries: Iterable[ModelEntry], quotas: Mapping[str, Sequence[Quota]],
     result = Admission()
     owners: dict[str, str] = {}  # model name -> the namespace it is served from
     alive = sorted((e for e in entries if not e.deleting), key=lambda e: (e.created, e.namespace, e.name))
+    caps = Caps(config, len(alive))
     for entry in alive:
-        result.decisions[entry.key] = _decide_one(entry, owners, quotas, result.usage, config)
+        result.decisions[entry.key] = decision = _decide_one(entry, owners, quotas, result.usage, config)
+        if decision.accepted and entry.spec is not None and (
+                problem := caps.admit(entry.spec, store=_store_of(entry, config))) is not None:
+            result.decisions[entry.key] = Decision(False, INVALID_SPEC, str(problem))
         if result.decisions[entry.key].accepted and entry.spec is not None:
             owners[entry.name] = entry.namespace
             result.usage[entry.namespace] = result.usage.get(entry.namespace, Usage()) + usage_of(entry.spec, config)
     return result
+
+
+def _store_of(entry: ModelEntry, config: OperatorConfig) -> str:
+    """The namespace whose model store holds `entry`: its pool's (shared) or its own (dedicated)."""
+    assert entry.spec is not None
+    return entry.namespace if entry.spec.placement is Placement.DEDICATED else config.pool_namespace(entry.namespace)
 
 
 def _decide_one(entry: ModelEntry, owners: Mapping[str, str], quotas: Mapping[str, Sequence[Quota]],

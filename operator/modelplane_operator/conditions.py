@@ -10,6 +10,7 @@ from typing import Any, Iterable
 
 ACCEPTED = "Accepted"
 READY = "Ready"
+ROLLOUT_FITS = "RolloutFits"  # with a canary: whether both versions fit a pod's memory budget together
 
 
 def now() -> str:

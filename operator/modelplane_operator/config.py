@@ -84,6 +84,17 @@ class OperatorConfig(BaseModel):
                                             "another is wanted (the router's replicate-inflight-per-copy)")
     queue_wait_s: float = Field(1.0, ge=0, description="a model whose requests wait this long for room is wanted")
     metrics_port: int = Field(0, ge=0, description="Prometheus /metrics port; 0: none")
+    # Trust (docs/security.md): the workers' API token (the operator's own copy, for status and
+    # unloads) and the Secret key worker pods read it from; file:// roots and Triton backends.
+    worker_token: str = Field("", repr=False)
+    worker_token_secret: str = Field("", description="Secret holding the workers' API token (key `token`); empty: none")
+    file_roots: tuple[str, ...] = Field((), description="folders file:// sources may name; empty: pvc:// only")
+    triton_backends: tuple[str, ...] = Field(("onnxruntime", "tensorrt", "pytorch", "tensorflow", "openvino"),
+                                             description="Triton backends models may use (python runs the model's code)")
+    # Overreach bounds: all dedicated groups together, and the model-store ConfigMap (1 MiB in etcd).
+    max_dedicated_pods: int = Field(16, ge=0)
+    max_store_bytes: int = Field(800 * 1024, gt=0)
+    drain_seconds: int = Field(5, ge=0)
     startup_probe_failure_threshold: int = Field(120, ge=1, description="x 5 s: slow first loads")
 
     @field_validator("pod_memory_budget", mode="before")
@@ -103,7 +114,7 @@ class OperatorConfig(BaseModel):
                 "limit, on CPU worker pods (workers.gpu.mode: none): models are held in that container's memory")
         return self
 
-    @field_validator("model_claims", "watch_namespaces", mode="before")
+    @field_validator("model_claims", "watch_namespaces", "file_roots", "triton_backends", mode="before")
     @classmethod
     def _split_claims(cls, value: Any) -> Any:
         if isinstance(value, str):

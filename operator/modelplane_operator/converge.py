@@ -208,7 +208,8 @@ class Converger:
 
     def pool_reports(self, namespace: str) -> tuple[list[kube.WorkerPod], dict[str, WorkerStatus]]:
         pods = self.kube.worker_pods(namespace, labels.WORKER_SELECTOR)
-        reports = self.reports.get(namespace, lambda: workers.fetch_reports(pods, self.config.worker_port))
+        reports = self.reports.get(namespace, lambda: workers.fetch_reports(pods, self.config.worker_port,
+                                                                            self.config.worker_token))
         return pods, reports
 
     # --- model stores ------------------------------------------------------------------
@@ -277,6 +278,10 @@ class Converger:
         manifest = workloads.build_pool_deployment(config, step.replicas, [pool.owner], pool.namespace)
         self._apply_if_changed(("deployment", pool.namespace), manifest, self.kube.apply_deployment,
                                force=deployment is None or step.replicas != current)
+        # At most one of its pods away at a time for voluntary disruptions; goes with the pool.
+        budget = workloads.build_disruption_budget(pool.name, pool.namespace, None)
+        budget["metadata"]["ownerReferences"] = [pool.owner]
+        self._apply_if_changed(("budget", pool.namespace), budget, self.kube.apply_disruption_budget)
         if deployment is None or step.replicas != current:
             if deployment is not None:
                 logger.info("pool %s/%s: %d -> %d pods (%s)", pool.namespace, pool.name, current, step.replicas,
@@ -320,6 +325,9 @@ class Converger:
         deployment = self.kube.deployment(entry.namespace, name)
         if deployment is None:
             return  # its ServedModel's handler creates it
+        found = self.kube.deployment_owners(entry.namespace, name)
+        if found is not None and not workloads.is_ours(found, entry.uid):
+            return  # someone else's Deployment by that name: never scaled (the model is refused for it)
         pods, reports = self.pool_reports(entry.namespace)
         own = [p for p in pods if p.pool == labels.dedicated_pool(spec.id)]
         target, why = demand.dedicated_pods(spec, [reports[p.name] for p in own if p.name in reports], entry.wanted_at,

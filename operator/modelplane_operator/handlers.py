@@ -27,7 +27,7 @@ import kopf
 
 from modelplane_common import labels
 from modelplane_common.spec import ModelSpec, Placement
-from modelplane_operator import admission, conditions, converge, index, kinds, kube, status, workers, workloads
+from modelplane_operator import admission, conditions, converge, index, kinds, kube, status, validation, workers, workloads
 from modelplane_operator.config import OperatorConfig, PoolMode
 from modelplane_operator.metrics import OperatorMetrics
 
@@ -59,14 +59,36 @@ def _set_condition(body: kopf.Body, patch: kopf.Patch, kind: str, ok: bool, reas
     return before is None or before.get("status") != text or before.get("reason") != reason
 
 
+class NotOurs(Exception):
+    """A Deployment by the dedicated group's name exists and this ServedModel does not own it."""
+
+
+def _not_ours(kube_api: kube.Kube, spec: ModelSpec, body: kopf.Body) -> str | None:
+    """Why a dedicated model cannot have its group: a Deployment of that name that someone else owns."""
+    if spec.placement is not Placement.DEDICATED:
+        return None
+    namespace, name = body["metadata"]["namespace"], workloads.dedicated_name(spec.id)
+    found = kube_api.deployment_owners(namespace, name)
+    if found is None or workloads.is_ours(found, body["metadata"]["uid"]):
+        return None
+    return (f"metadata.name: Deployment {name} exists and is not owned by this ServedModel; modelplane leaves it "
+            "alone: rename the model or remove that Deployment")
+
+
 def _ensure_dedicated(kube_api: kube.Kube, spec: ModelSpec, body: kopf.Body, config: OperatorConfig,
                       converger: converge.Converger) -> None:
-    """The model's own child: its dedicated Deployment (or none). The pool loop sets its replicas
-    (replicas.min..max on demand) as the autoscaler's field manager; this manifest leaves them out,
-    except on creation, when the group starts at replicas.min."""
+    """The model's own child: its dedicated Deployment (or none), but only one this ServedModel
+    owns: a Deployment of that name made by someone else is never overwritten, scaled or deleted.
+    The pool loop sets its replicas (replicas.min..max on demand) as the autoscaler's field manager;
+    this manifest leaves them out, except on creation, when the group starts at replicas.min."""
     namespace, name = body["metadata"]["namespace"], workloads.dedicated_name(spec.id)
+    found = kube_api.deployment_owners(namespace, name)
+    if found is not None and not workloads.is_ours(found, body["metadata"]["uid"]):
+        if spec.placement is not Placement.DEDICATED:
+            return  # someone else's Deployment: nothing of ours to remove
+        raise NotOurs(_not_ours(kube_api, spec, body))
     if spec.placement is not Placement.DEDICATED:
-        if kube_api.delete_deployment(namespace, name):
+        if found is not None and kube_api.delete_deployment(namespace, name):
             kopf.event(body, type="Normal", reason="DedicatedRemoved", message=f"deleted Deployment {name}: placement is now {spec.placement.value}")
         return
     with converger.lock:  # the pool loop's replicas writes take turns with this handover
@@ -76,14 +98,24 @@ def _ensure_dedicated(kube_api: kube.Kube, spec: ModelSpec, body: kopf.Body, con
             # Hand the replicas over: the autoscaler's manager takes them, this one lets go of them.
             kube_api.scale_deployment(namespace, name, spec.replicas.min)
             kube_api.apply_deployment(workloads.build_dedicated_deployment(spec, dict(body), config))
+            kube_api.apply_disruption_budget(workloads.build_disruption_budget(name, namespace, spec.id, dict(body)))
             kopf.event(body, type="Normal", reason="DedicatedCreated", message=f"created Deployment {name} with {spec.replicas.min} pod(s) pinning {spec.id}")
             return
         replicas = min(max(existing.replicas, spec.replicas.min), spec.replicas.max)
         kube_api.scale_deployment(namespace, name, replicas)
         before = kube_api.deployment_version(namespace, name)
         after = kube_api.apply_deployment(workloads.build_dedicated_deployment(spec, dict(body), config))
+        kube_api.apply_disruption_budget(workloads.build_disruption_budget(name, namespace, spec.id, dict(body)))
     if before != after:
         kopf.event(body, type="Normal", reason="DedicatedUpdated", message=f"updated Deployment {name} ({replicas} pod(s))")
+
+
+def _set_rollout_fit(body: kopf.Body, patch: kopf.Patch, spec: ModelSpec, config: OperatorConfig) -> None:
+    """RolloutFits, for a model with a canary: whether both versions fit one pod's budget."""
+    if (fit := validation.rollout_fit(spec, config)) is None:
+        return
+    if _set_condition(body, patch, conditions.ROLLOUT_FITS, *fit) and not fit[0]:
+        kopf.warn(body, reason=fit[1], message=fit[2])
 
 
 def _report_namespaces(entry_namespace: str, spec: ModelSpec, config: OperatorConfig) -> list[str]:
@@ -101,7 +133,7 @@ def _refresh_status(kube_api: kube.Kube, spec: ModelSpec, body: kopf.Body, patch
     for namespace in _report_namespaces(body["metadata"]["namespace"], spec, config):
         found = kube_api.worker_pods(namespace, labels.WORKER_SELECTOR)
         pods += found
-        reports.update(cache.get(namespace, lambda found=found: workers.fetch_reports(found, config.worker_port)))
+        reports.update(cache.get(namespace, lambda found=found: workers.fetch_reports(found, config.worker_port, config.worker_token)))
     copies = status.copies_of(spec.id, reports)
     problems = [f"pod {p.name}: {p.problem}" for p in pods if p.pool == labels.dedicated_pool(spec.id) and p.problem]
     ready, reason, message = status.readiness(spec, copies, problems)
@@ -237,7 +269,14 @@ def build_registry(config: OperatorConfig, metrics: OperatorMetrics | None = Non
         namespace = body["metadata"]["namespace"]
         converger.ensure_pool(config.pool_namespace(namespace), entries)
         _publish_now(converger, namespace, spec, served_models, model_quotas)
-        _ensure_dedicated(memo.kube, spec, body, config, converger)
+        try:
+            _ensure_dedicated(memo.kube, spec, body, config, converger)
+        except NotOurs as exc:
+            _set_accepted(body, patch, admission.Decision(False, admission.INVALID_SPEC, str(exc)))
+            _set_condition(body, patch, conditions.READY, False, "NotAccepted", "the spec was not accepted; see Accepted")
+            _write_status(body, patch, {"observedGeneration": generation})
+            return
+        _set_rollout_fit(body, patch, spec, config)
         _refresh_status(memo.kube, spec, body, patch, config, converger.reports)
         _write_status(body, patch, {"observedGeneration": generation})
 
@@ -257,9 +296,12 @@ def build_registry(config: OperatorConfig, metrics: OperatorMetrics | None = Non
                 model_quotas: kopf.Index, **_: Any) -> None:
         # Admission again: a changed quota, or an earlier model's deletion, can change the verdict.
         decision = _decision(body, served_models, model_quotas, config)
-        _set_accepted(body, patch, decision)
         spec = index.model_entry(body, config).spec
+        if decision.accepted and spec is not None and (foreign := _not_ours(memo.kube, spec, body)) is not None:
+            decision = admission.Decision(False, admission.INVALID_SPEC, foreign)
+        _set_accepted(body, patch, decision)
         if decision.accepted and spec is not None:
+            _set_rollout_fit(body, patch, spec, config)
             _refresh_status(memo.kube, spec, body, patch, config, memo.converger.reports)
         else:
             _set_condition(body, patch, conditions.READY, False, "NotAccepted", "the spec was not accepted; see Accepted")
@@ -279,11 +321,11 @@ def _unload_everywhere(kube_api: kube.Kube, spec: ModelSpec, body: kopf.Body, co
     own_group = labels.dedicated_pool(spec.id)
     namespace = config.pool_namespace(body["metadata"]["namespace"])
     pods = [p for p in kube_api.worker_pods(namespace, labels.WORKER_SELECTOR) if p.pool != own_group]
-    reports = workers.fetch_reports(pods, config.worker_port)
+    reports = workers.fetch_reports(pods, config.worker_port, config.worker_token)
     holders = [p for p in pods if p.name in reports and any(c.id == spec.id for c in reports[p.name].models)]
     for pod in holders:
         try:
-            workers.unload(pod, config.worker_port, spec.id)
+            workers.unload(pod, config.worker_port, spec.id, config.worker_token)
         except httpx.HTTPError as exc:
             raise kopf.TemporaryError(f"could not reach pod {pod.name} to unload {spec.id}: {exc}", delay=5)
         except workers.UnloadRefused as exc:

@@ -96,6 +96,7 @@ class Kube:
         self._apps = client.AppsV1Api(api)
         self._core = client.CoreV1Api(api)
         self._custom = client.CustomObjectsApi(api)
+        self._policy = client.PolicyV1Api(api)
 
     def apply_deployment(self, deployment: dict[str, Any]) -> str:
         """Create or converge a Deployment; returns its resourceVersion after the call.
@@ -115,6 +116,21 @@ class Kube:
     def apply_configmap(self, configmap: dict[str, Any]) -> str:
         """Create or converge a ConfigMap; returns its resourceVersion after the call."""
         return _server_side_apply(self._core.patch_namespaced_config_map, configmap)
+
+    def deployment_owners(self, namespace: str, name: str) -> tuple[list[str], str] | None:
+        """The uids owning a Deployment (its ownerReferences) and its managed-by label; None when
+        there is no such Deployment."""
+        try:
+            deployment = self._apps.read_namespaced_deployment(name, namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        owners = [ref.uid for ref in deployment.metadata.owner_references or []]
+        return owners, (deployment.metadata.labels or {}).get(labels.MANAGED_BY, "")
+
+    def apply_disruption_budget(self, budget: dict[str, Any]) -> str:
+        return _server_side_apply(self._policy.patch_namespaced_pod_disruption_budget, budget)
 
     def deployment_version(self, namespace: str, name: str) -> str | None:
         try:

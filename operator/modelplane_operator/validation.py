@@ -13,6 +13,7 @@ from typing import Any
 import pydantic
 
 from modelplane_common import quantity
+from modelplane_common.quantity import format_bytes
 from modelplane_common import spec as spec_module
 from modelplane_common.spec import ModelSpec, Placement
 from modelplane_operator import workloads
@@ -97,3 +98,64 @@ def validate(body: dict[str, Any], config: OperatorConfig) -> Verdict:
     except (TypeError, ValueError) as error:
         return Verdict(None, (*_name_problems(name, None, config), Problem("spec", str(error))))
     return Verdict(spec, (*_name_problems(name, spec, config), *_placement_problems(spec, config)))
+
+
+class Caps:
+    """The operator's bounds on what all models take together, filled oldest first: the
+    model-store ConfigMap (one object for every model, limited to 1 MiB by etcd) and the pods of
+    all dedicated groups together. A model past either is refused (``Accepted=False``) instead of
+    breaking the store for every model or growing the cluster without bound."""
+
+    def __init__(self, config: OperatorConfig, count: int) -> None:
+        self.config = config
+        self.count = count  # ServedModels in all: named in the message of a full store
+        self.store_bytes: dict[str, int] = {}  # per model store (one ConfigMap per namespace)
+        self.dedicated_pods = 0
+
+    def admit(self, spec: ModelSpec, store: str = "") -> Problem | None:
+        """Count `spec` in when it fits (into the model store `store`), else say why it does not."""
+        size = workloads.store_entry_bytes(spec)
+        used = self.store_bytes.get(store, 64)
+        if used + size > self.config.max_store_bytes:
+            return Problem("metadata.name", (
+                f"the model store is full: {self.count} ServedModels need more than its "
+                f"{quantity.format_bytes(self.config.max_store_bytes)} (one ConfigMap); delete unused ones"))
+        dedicated = spec.replicas.min if spec.placement is Placement.DEDICATED else 0
+        if dedicated and self.dedicated_pods + dedicated > self.config.max_dedicated_pods:
+            return Problem("spec.replicas.min", (
+                f"dedicated groups would need {self.dedicated_pods + dedicated} pods together; "
+                f"the operator's cap is {self.config.max_dedicated_pods} (workers.dedicated.maxPods)"))
+        self.store_bytes[store] = used + size
+        self.dedicated_pods += dedicated
+        return None
+
+
+def over_the_caps(items: list[dict[str, Any]], config: OperatorConfig) -> dict[str, Problem]:
+    """The valid ServedModels (bodies) past the operator's bounds (``Caps``), oldest first served."""
+    ordered = sorted(items, key=lambda item: (item["metadata"].get("creationTimestamp") or "", item["metadata"]["name"]))
+    caps = Caps(config, len(ordered))
+    problems: dict[str, Problem] = {}
+    for item in ordered:
+        verdict = validate(item, config)
+        if verdict.spec is not None and verdict.accepted and (problem := caps.admit(verdict.spec)) is not None:
+            problems[verdict.spec.id] = problem
+    return problems
+
+
+def rollout_fit(spec: ModelSpec, config: OperatorConfig) -> tuple[bool, str, str] | None:
+    """With a canary: (fits, reason, message) for both versions held at once on one pod, the memory
+    peak of serving two versions side by side (and of a dedicated pod taking the canary over). None
+    without a canary."""
+    canary = spec.canary_variant()
+    if canary is None:
+        return None
+    both = spec.memory_bytes + canary.memory_bytes
+    budget = config.pod_memory_budget
+    versions = (f"versions {spec.version} ({format_bytes(spec.memory_bytes)}) and {canary.version} "
+                f"({format_bytes(canary.memory_bytes)}) need {format_bytes(both)} together")
+    if both <= budget:
+        return True, "BothVersionsFit", f"{versions}, within a pod's memory budget of {format_bytes(budget)}"
+    return False, "NoRoomForBothVersions", (
+        f"{versions}, more than a pod's memory budget of {format_bytes(budget)}: the two versions are "
+        "placed on different pods where the pool has them, and a pod never holds both (a dedicated "
+        "group's pods swap versions with a restart)")

@@ -26,10 +26,15 @@ def _base(pod: WorkerPod, port: int) -> str:
     return f"http://{pod.ip}:{port}"
 
 
-def fetch_reports(pods: Iterable[WorkerPod], port: int) -> dict[str, WorkerStatus]:
+def _auth(token: str) -> dict[str, str]:
+    """Workers in cluster mode answer only callers with their API token (docs/security.md)."""
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def fetch_reports(pods: Iterable[WorkerPod], port: int, token: str = "") -> dict[str, WorkerStatus]:
     """Status of every pod that has an IP and answers; silent pods are simply absent."""
     reports: dict[str, WorkerStatus] = {}
-    with httpx.Client(timeout=TIMEOUT) as http:
+    with httpx.Client(timeout=TIMEOUT, headers=_auth(token)) as http:
         for pod in pods:
             if not pod.ip or pod.phase != "Running":
                 continue
@@ -46,13 +51,13 @@ class UnloadRefused(RuntimeError):
     """The worker answered but will not unload (e.g. 409: the model is pinned there)."""
 
 
-def unload(pod: WorkerPod, port: int, model: str) -> None:
+def unload(pod: WorkerPod, port: int, model: str, token: str = "") -> None:
     """Ask one pod to unload `model`; 404 (already gone) counts as done.
 
     Raises httpx.HTTPError when the pod cannot be reached (worth retrying) and
     UnloadRefused when it answers with an error (not worth retrying).
     """
-    with httpx.Client(timeout=httpx.Timeout(30.0)) as http:
+    with httpx.Client(timeout=httpx.Timeout(30.0), headers=_auth(token)) as http:
         response = http.post(f"{_base(pod, port)}/v2/repository/models/{quote(model, safe='')}/unload")
     if response.status_code not in (200, 204, 404):
         raise UnloadRefused(f"pod {pod.name} refused to unload {model}: HTTP {response.status_code} {response.text[:200]}")

@@ -41,6 +41,10 @@ SPEC_HASH = "modelplane.io/spec-hash"
 GPU_CLAIM = "gpu"  # dra: the pod's one ResourceClaim, named by both containers
 # On worker pods: the model-store ConfigMap's resourceVersion they were last told of.
 STORE_VERSION = "modelplane.io/model-store-version"
+TOKEN_KEY = "token"  # the key of the workers' API token in its Secret
+# The worker keeps this file in /models while it runs (modelplane_worker.main.RUNNING_MARKER):
+# Triton's preStop waits for it to go, so the sidecar outlives the worker's drain.
+WORKER_RUNNING_MARKER = ".modelplane-worker-running"
 
 
 def dedicated_name(model: str) -> str:
@@ -99,8 +103,16 @@ def build_worker_container(config: OperatorConfig, pinned: Sequence[str]) -> dic
         {"name": "MODELPLANE_TRITON_REPOSITORY", "value": MODEL_REPOSITORY},
         {"name": "MODELPLANE_MODEL_STORE", "value": f"{MODEL_STORE_DIR}/{MODEL_STORE_KEY}"},
         {"name": "MODELPLANE_SOURCE_ROOTS", "value": source_roots(config)},
+        # What a ServedModel may make the pod run (docs/security.md): file:// only under these
+        # folders, Triton models only on these backends.
+        {"name": "MODELPLANE_FILE_ROOTS", "value": ",".join(config.file_roots)},
+        {"name": "MODELPLANE_TRITON_BACKENDS", "value": ",".join(config.triton_backends)},
+        {"name": "MODELPLANE_DRAIN_SECONDS", "value": str(config.drain_seconds)},
         {"name": "HOME", "value": "/tmp"},
     ]
+    if config.worker_token_secret:  # only the router and the operator hold it
+        env.append({"name": "MODELPLANE_API_TOKEN",
+                    "valueFrom": {"secretKeyRef": {"name": config.worker_token_secret, "key": TOKEN_KEY}}})
     mounts = [{"name": "model-repository", "mountPath": MODEL_REPOSITORY},
               {"name": "model-store", "mountPath": MODEL_STORE_DIR, "readOnly": True},
               {"name": "worker-tmp", "mountPath": "/tmp"}]
@@ -141,6 +153,12 @@ def build_triton_container(config: OperatorConfig) -> dict[str, Any]:
             "--exit-on-error=false",
         ],
         "ports": [{"name": "triton-metrics", "containerPort": TRITON_METRICS_PORT, "protocol": "TCP"}],
+        # Pod deletion signals both containers at once; Triton must keep serving the requests the
+        # worker drains, so it stops only once the worker is gone (bounded by the grace period).
+        "lifecycle": {"preStop": {"exec": {"command": [
+            "/bin/sh", "-c",
+            f"i=0; while [ -e {MODEL_REPOSITORY}/{WORKER_RUNNING_MARKER} ] && [ $i -lt 50 ]; do sleep 1; i=$((i+1)); done",
+        ]}}},
         "resources": _resources(config, config.triton_cpu, config.triton_memory, config.triton_gpus),
         "securityContext": _container_security(),
         "volumeMounts": [{"name": "model-repository", "mountPath": MODEL_REPOSITORY, "readOnly": True},
@@ -253,12 +271,44 @@ def build_worker_pool(config: OperatorConfig, namespace: str, min_pods: int,
                      "autoscaling": config.pool_autoscaling.value}}
 
 
+# Registry fields workers never read: kept out of the store, whose ConfigMap holds every model.
+_NOT_IN_STORE = {"memory_bytes", "labels", "owner", "oncall", "variant_of", "variant_weight"}
+
+
+def is_ours(found: tuple[list[str], str], uid: str) -> bool:
+    """A Deployment (its owner uids and managed-by label, kube.deployment_owners) owned by the
+    ServedModel `uid`, or left without owner by this operator (its label says so)."""
+    owners, managed_by = found
+    return uid in owners or (not owners and managed_by == MANAGER)
+
+
 def store_entry(spec: ModelSpec) -> dict[str, Any]:
-    """One model as the worker's JSON model store reads it."""
+    """One model as the worker's JSON model store reads it (only what workers use)."""
     # replicas.idleSeconds is for the operator and the router; the worker's store (and the spec hash
     # that rolls a dedicated group) stays as it was without it.
-    exclude = {"memory_bytes": True, "replicas": {"idle_seconds"}}
+    exclude: dict[str, Any] = {name: True for name in _NOT_IN_STORE} | {"replicas": {"idle_seconds"}}
     return spec.model_dump(mode="json", exclude=exclude) | {"memory": spec.memory_bytes}
+
+
+def store_entry_bytes(spec: ModelSpec) -> int:
+    """What `spec` adds to the model-store ConfigMap (its entry, as `_store_document` writes it)."""
+    return len(json.dumps(store_entry(spec), indent=1, sort_keys=True)) + 4
+
+
+def build_disruption_budget(name: str, namespace: str, dedicated_to: str | None,
+                            owner: dict[str, Any] | None = None) -> dict[str, Any]:
+    """At most one pod of a pool away at a time for voluntary disruptions (drains, upgrades):
+    a model's other copies keep serving while one pod drains."""
+    budget: dict[str, Any] = {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": name, "namespace": namespace,
+                     "labels": {**worker_labels(dedicated_to), labels.MANAGED_BY: MANAGER}},
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": worker_labels(dedicated_to)}},
+    }
+    if owner is not None:
+        budget["metadata"]["ownerReferences"] = [owner_reference(owner)]
+    return budget
 
 
 def spec_hash(spec: ModelSpec) -> str:

@@ -9,7 +9,7 @@ does not carry it.
 from __future__ import annotations
 
 import contextlib
-import hmac
+import dataclasses
 import time
 from typing import Any, AsyncIterator
 
@@ -17,10 +17,10 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from modelplane_common import errors, wire
+from modelplane_common import errors, http, wire
 from modelplane_common.http import error_body, install_error_handler
 from modelplane_common.wire import CopyState
-from modelplane_router.inference_asgi import InferenceRoutes, metric_label
+from modelplane_router.inference_asgi import InferenceRoutes, Limits, metric_label
 from modelplane_router.openai_asgi import OpenAIRoutes
 from modelplane_router.service import RouterService
 from modelplane_router.upstream import PASSED_RESPONSE_HEADERS, UpstreamResponse
@@ -29,19 +29,30 @@ SERVER_NAME = "modelplane-router"
 DEFAULT_MAX_BODY_BYTES = 64 * 2**20
 
 
-class Forbidden(errors.ModelplaneError):
-    status_code = 403
+Forbidden = errors.Forbidden
 
 
 def check_admin(request: Request, admin_token: str | None) -> None:
     if not admin_token:
         raise Forbidden("load and unload are disabled on this router: start it with --admin-token to allow them")
-    header = request.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), admin_token.encode()):
-        error = errors.Unauthorized("load and unload need 'Authorization: Bearer <admin token>'")
-        error.headers = {"WWW-Authenticate": "Bearer"}
-        raise error
+    http.check_bearer(request.headers, admin_token, "load and unload (the admin token)")
+
+
+# The two routes inference_asgi serves in front of this app, described here for clients and the
+# fuzzing test (FastAPI never sees their POSTs).
+_PREDICT_SCHEMA = wire.PredictRequest.model_json_schema()
+_INFER_SCHEMA = {"type": "object", "required": ["inputs"], "properties": {
+    "id": {"type": "string"}, "parameters": {"type": "object"},
+    "inputs": {"type": "array", "minItems": 1, "items": {
+        "type": "object", "required": ["name", "shape", "datatype"],
+        "properties": {"name": {"type": "string"}, "shape": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+                       "datatype": {"type": "string"}, "parameters": {"type": "object"}, "data": {}}}},
+    "outputs": {"type": "array", "items": {"type": "object", "required": ["name"],
+                                           "properties": {"name": {"type": "string"}, "parameters": {"type": "object"}}}}}}
+
+
+def _body(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
 
 
 def passed_response(upstream: UpstreamResponse) -> Response:
@@ -63,7 +74,8 @@ def models_report(service: RouterService) -> wire.RouterModelsResponse:
     return wire.RouterModelsResponse(available_models=available, loaded_models=loaded, copies=copies)
 
 
-def create_app(service: RouterService, admin_token: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> OpenAIRoutes:
+def create_app(service: RouterService, admin_token: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+               limits: Limits | None = None) -> OpenAIRoutes:
     """The gateway: the inference routes in plain ASGI (openai_asgi.py, inference_asgi.py) in front of a
     FastAPI app for the rest."""
     @contextlib.asynccontextmanager
@@ -85,7 +97,8 @@ def create_app(service: RouterService, admin_token: str | None = None, max_body_
         started = time.perf_counter()
         code = "500"
         try:
-            upstream = await router.forward(name, "GET", request.url.path, b"", request.headers, load=False)
+            path = request.scope.get("raw_path", b"").decode("latin-1") or request.url.path  # %3F stays in its segment
+            upstream = await router.forward(name, "GET", path, b"", request.headers, load=False)
             code = str(upstream.status_code)
             return passed_response(upstream)
         except errors.ModelplaneError as exc:
@@ -100,6 +113,9 @@ def create_app(service: RouterService, admin_token: str | None = None, max_body_
     @app.get("/v2/models/{name}/versions/{version}/ready")
     async def model_ready(name: str, version: str | None = None) -> Response:
         router.check_known(name)
+        known = service.sync.catalog.metadata(name).version
+        if version not in (None, "", known) and known:  # as a worker answers it (404 naming the versions)
+            raise errors.ModelNotFound(f"model {name!r} has no version {version!r}; available: {known!r}")
         if service.model_map.ready_copies(name):
             return Response(status_code=200)
         return JSONResponse(error_body(f"model {name!r} has no ready copy yet; it loads on its first request"), status_code=503)
@@ -155,9 +171,20 @@ def create_app(service: RouterService, admin_token: str | None = None, max_body_
         check_admin(request, admin_token)
         return {"model": name, "unloaded_from": await router.unload_everywhere(name)}
 
+    @app.post("/predict", openapi_extra=_body(_PREDICT_SCHEMA), summary="Seed inference (served by inference_asgi)")
+    async def predict_described() -> Response:
+        raise errors.ModelplaneError("/predict is served in front of this app")  # never reached
+
+    @app.post("/v2/models/{name}/infer", openapi_extra=_body(_INFER_SCHEMA), summary="OIP v2 inference (served by inference_asgi)")
+    @app.post("/v2/models/{name}/versions/{version}/infer", openapi_extra=_body(_INFER_SCHEMA))
+    async def infer_described(name: str, version: str | None = None) -> Response:
+        raise errors.ModelplaneError("infer is served in front of this app")  # never reached
+
     @app.get("/metrics")
     async def prometheus() -> Response:
         metrics.pods.set(len(service.model_map.pods()))
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    return OpenAIRoutes(InferenceRoutes(app, router, metrics, max_body_bytes), service, max_body_bytes)
+    limits = limits or Limits(max_body_bytes=max_body_bytes)
+    inference = InferenceRoutes(app, router, metrics, dataclasses.replace(limits, max_body_bytes=max_body_bytes))
+    return OpenAIRoutes(inference, service, max_body_bytes)

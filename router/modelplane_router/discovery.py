@@ -6,6 +6,14 @@ client's ``watch.Watch`` (worker pods by label selector, ready condition and
 pod IP; ServedModel objects), in one namespace, a list of them, or all. Both
 expose the same small interface to the rest of the router: ``urls()``,
 ``node_of(url)``, ``spec_of(model)``, ``draining(url)``.
+
+Cluster mode's watches run in threads while the router's event loop reads
+what they found: every change replaces the whole table under a lock (readers
+get a snapshot, never a dict being changed), a restarted watch swaps in its
+fresh listing at once (the table is never empty in between), and every call
+to the API server has a timeout (a watch that hears nothing for
+``watch_timeout_s`` ends on the server and, should the connection be
+half-open, on the client too), so discovery cannot freeze.
 """
 from __future__ import annotations
 
@@ -123,20 +131,25 @@ class KubeDiscovery:
     """
 
     def __init__(self, namespace: str, label_selector: str, worker_port: int, api_client: Any = None,
-                 namespaces: Sequence[str] | None = None) -> None:
+                 namespaces: Sequence[str] | None = None, watch_timeout_s: float = 300.0,
+                 request_timeout_s: float = 30.0) -> None:
         from kubernetes import client  # imported here: standalone mode needs no kubernetes package
 
         self.namespace = namespace
         self.namespaces = list(namespaces or [namespace])
         self.label_selector = label_selector
         self.worker_port = worker_port
+        self.watch_timeout_s = watch_timeout_s
+        self.request_timeout_s = request_timeout_s
         self._core = client.CoreV1Api(api_client)
         self._custom = client.CustomObjectsApi(api_client)
+        self._lock = threading.Lock()
+        # Replaced whole (copy on write) under the lock; readers use the reference they got.
         self._pods: dict[tuple[str, str], _Pod] = {}  # (namespace, pod name) -> where and what
         self._models: dict[tuple[str, str], _Model] = {}  # (namespace, model name) -> spec
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._watches: list[Any] = []
+        self._watches: dict[str, Any] = {}  # the current watch of each thread
 
     @property
     def all_namespaces(self) -> bool:
@@ -188,6 +201,14 @@ class KubeDiscovery:
             spec_module.GROUP, spec_module.VERSION, namespace, spec_module.PLURAL, model,
             {"metadata": {"annotations": {labels.WANTED_AT: value}}})
 
+    def _timeouts(self) -> dict[str, Any]:
+        """A list's client-side timeout; a watch adds its server-side one (see the module docstring)."""
+        return {"_request_timeout": (self.request_timeout_s, self.request_timeout_s)}
+
+    def _watch_timeouts(self) -> dict[str, Any]:
+        return {"timeout_seconds": int(self.watch_timeout_s),
+                "_request_timeout": (self.request_timeout_s, self.watch_timeout_s + self.request_timeout_s)}
+
     # --- watches ---------------------------------------------------------------------------
     def start(self) -> None:
         scopes: list[str | None] = [None] if self.all_namespaces else list(self.namespaces)
@@ -200,7 +221,7 @@ class KubeDiscovery:
 
     def stop(self) -> None:
         self._stop.set()
-        for w in self._watches:
+        for w in list(self._watches.values()):
             w.stop()
 
     def _forever(self, target: Callable[[str | None], None], scope: str | None) -> None:
@@ -211,28 +232,46 @@ class KubeDiscovery:
                 log.warning("watch %s ended: %s; restarting", target.__name__, exc)
                 self._stop.wait(1.0)
 
+    def _pod_entry(self, pod: Any) -> _Pod | None:
+        url = pod_url(pod, self.worker_port)
+        if url is None:
+            return None
+        meta = pod.metadata
+        return _Pod(url, pod.spec.node_name or "", labels.pool_of(meta.labels or {}),
+                    bool((meta.annotations or {}).get(labels.DRAINING)))
+
     def apply_pod_event(self, kind: str, pod: Any) -> None:
         key = (pod.metadata.namespace or self.namespace, pod.metadata.name)
-        url = pod_url(pod, self.worker_port) if kind != "DELETED" else None
-        if url is None:
-            self._pods.pop(key, None)
-        else:
-            meta = pod.metadata
-            self._pods[key] = _Pod(url, pod.spec.node_name or "", labels.pool_of(meta.labels or {}),
-                                   bool((meta.annotations or {}).get(labels.DRAINING)))
+        entry = self._pod_entry(pod) if kind != "DELETED" else None
+        with self._lock:
+            pods = dict(self._pods)
+            if entry is None:
+                pods.pop(key, None)
+            else:
+                pods[key] = entry
+            self._pods = pods
+
+    def _model_entry(self, body: dict[str, Any]) -> _Model | None:
+        meta = body.get("metadata", {})
+        namespace = meta.get("namespace") or self.namespace
+        try:
+            return _Model(ModelSpec.from_served_model(body), namespace, _accepted(body),
+                          str(meta.get("creationTimestamp", "")))
+        except ValueError as exc:
+            log.warning("ServedModel %s/%s ignored: %s", namespace, meta.get("name", ""), exc)
+            return None
 
     def apply_served_model_event(self, kind: str, body: dict[str, Any]) -> None:
         meta = body.get("metadata", {})
         key = (meta.get("namespace") or self.namespace, meta.get("name", ""))
-        if kind == "DELETED":
-            self._models.pop(key, None)
-            return
-        try:
-            self._models[key] = _Model(ModelSpec.from_served_model(body), key[0], _accepted(body),
-                                       str(meta.get("creationTimestamp", "")))
-        except ValueError as exc:
-            log.warning("ServedModel %s/%s ignored: %s", key[0], key[1], exc)
-            self._models.pop(key, None)
+        entry = self._model_entry(body) if kind != "DELETED" else None
+        with self._lock:
+            models = dict(self._models)
+            if entry is None:
+                models.pop(key, None)
+            else:
+                models[key] = entry
+            self._models = models
 
     def _pod_lister(self, scope: str | None) -> tuple[Callable[..., Any], tuple[Any, ...]]:
         """The kubernetes client call (and its leading arguments) that lists worker pods in `scope`
@@ -251,15 +290,14 @@ class KubeDiscovery:
         from kubernetes import watch
 
         lister, args = self._pod_lister(scope)
-        listing = lister(*args, label_selector=self.label_selector)
-        for key in [k for k in self._pods if scope is None or k[0] == scope]:
-            del self._pods[key]
-        for pod in listing.items:
-            self.apply_pod_event("ADDED", pod)
-        w = watch.Watch()
-        self._watches.append(w)
+        listing = lister(*args, label_selector=self.label_selector, **self._timeouts())
+        fresh = {(pod.metadata.namespace or self.namespace, pod.metadata.name): entry
+                 for pod in listing.items if (entry := self._pod_entry(pod)) is not None}
+        with self._lock:  # swapped whole: never empty while the watch restarts
+            self._pods = {k: v for k, v in self._pods.items() if scope is not None and k[0] != scope} | fresh
+        w = self._watches[f"pods-{scope or 'all'}"] = watch.Watch()
         for event in w.stream(lister, *args, label_selector=self.label_selector,
-                              resource_version=listing.metadata.resource_version):
+                              resource_version=listing.metadata.resource_version, **self._watch_timeouts()):
             self.apply_pod_event(event["type"], event["object"])
             if self._stop.is_set():
                 w.stop()
@@ -268,14 +306,14 @@ class KubeDiscovery:
         from kubernetes import watch
 
         lister, args = self._model_lister(scope)
-        listing = lister(*args)
-        for key in [k for k in self._models if scope is None or k[0] == scope]:
-            del self._models[key]
-        for item in listing.get("items", []):
-            self.apply_served_model_event("ADDED", item)
-        w = watch.Watch()
-        self._watches.append(w)
-        for event in w.stream(lister, *args, resource_version=listing.get("metadata", {}).get("resourceVersion")):
+        listing = lister(*args, **self._timeouts())
+        fresh = {(entry.namespace, item["metadata"]["name"]): entry for item in listing.get("items", [])
+                 if (entry := self._model_entry(item)) is not None}
+        with self._lock:
+            self._models = {k: v for k, v in self._models.items() if scope is not None and k[0] != scope} | fresh
+        w = self._watches[f"servedmodels-{scope or 'all'}"] = watch.Watch()
+        for event in w.stream(lister, *args, resource_version=listing.get("metadata", {}).get("resourceVersion"),
+                              **self._watch_timeouts()):
             self.apply_served_model_event(event["type"], event["object"])
             if self._stop.is_set():
                 w.stop()

@@ -16,6 +16,7 @@ import uvicorn
 
 from modelplane_common import labels, quantity
 from modelplane_router.api import DEFAULT_MAX_BODY_BYTES, create_app
+from modelplane_router.inference_asgi import Limits
 from modelplane_router.discovery import Discovery, KubeDiscovery, StaticDiscovery, read_model_store
 from modelplane_router.replication import ReplicationSettings
 from modelplane_router.service import RouterService, RouterSettings
@@ -56,6 +57,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--churn-guard-seconds", type=float, default=float(env("MODELPLANE_ROUTER_CHURN_GUARD_SECONDS", "30")),
                    help="replication: no copy added right after one was removed, and the reverse, for this long "
                         "(eviction follows each worker's own churn guard, from its report)")
+    p.add_argument("--worker-token", default=env("MODELPLANE_WORKER_TOKEN", ""),
+                   help="bearer token the workers require (cluster mode: from the chart's Secret); empty: none")
+    p.add_argument("--max-requests", type=int, default=int(env("MODELPLANE_ROUTER_MAX_REQUESTS", "1024")),
+                   help="inference requests served at once; past it 503 with Retry-After")
+    p.add_argument("--max-body-bytes-in-flight", default=env("MODELPLANE_ROUTER_MAX_BODY_BYTES_IN_FLIGHT", "512Mi"),
+                   help="bytes of request bodies held at once; past it 503 with Retry-After")
+    p.add_argument("--max-cold-waiters", type=int, default=int(env("MODELPLANE_ROUTER_MAX_COLD_WAITERS", "256")),
+                   help="requests per model that may wait while it has no ready copy; past it 503 with Retry-After")
+    p.add_argument("--watch-timeout", type=float, default=float(env("MODELPLANE_ROUTER_WATCH_TIMEOUT", "300")),
+                   help="cluster mode: seconds a Kubernetes watch runs before it is restarted (also its read timeout)")
     p.add_argument("--log-level", default=env("MODELPLANE_LOG_LEVEL", "info"))
     return p.parse_args(argv)
 
@@ -69,7 +80,8 @@ def build_discovery(args: argparse.Namespace) -> Discovery:
         else:
             config.load_incluster_config()
         namespaces = [n.strip() for n in args.watch_namespaces.split(",") if n.strip()] or [args.namespace]
-        discovery = KubeDiscovery(args.namespace, args.worker_selector, args.worker_port, namespaces=namespaces)
+        discovery = KubeDiscovery(args.namespace, args.worker_selector, args.worker_port, namespaces=namespaces,
+                                  watch_timeout_s=args.watch_timeout)
         discovery.start()
         return discovery
     urls = [u.strip() for u in args.workers.split(",") if u.strip()]
@@ -85,6 +97,7 @@ def build_settings(args: argparse.Namespace) -> RouterSettings:
         control_interval_s=args.sync_interval,
         request_timeout_s=args.request_timeout,
         load_timeout_s=args.load_timeout,
+        worker_token=args.worker_token.strip(),
         default_max_copies=args.default_max_copies,
         replication=ReplicationSettings(
             rps_per_copy=args.replicate_rps_per_copy,
@@ -100,8 +113,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     service = RouterService(build_discovery(args), build_settings(args))
-    app = create_app(service, args.admin_token, quantity.parse_bytes(args.max_body_bytes))
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level.lower(), access_log=False)
+    limits = Limits(max_requests=args.max_requests,
+                    max_body_bytes_in_flight=quantity.parse_bytes(args.max_body_bytes_in_flight),
+                    max_cold_waiters=args.max_cold_waiters)
+    app = create_app(service, args.admin_token, quantity.parse_bytes(args.max_body_bytes), limits)
+    # timeout_graceful_shutdown: on SIGTERM, requests in flight get this long to finish.
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level.lower(), access_log=False,
+                timeout_graceful_shutdown=30)
 
 
 if __name__ == "__main__":

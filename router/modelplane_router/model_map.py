@@ -70,6 +70,7 @@ class PodView:
     copies: dict[str, CopyView] = dataclasses.field(default_factory=dict)
     catalog: dict[str, int] = dataclasses.field(default_factory=dict)  # model id -> estimated bytes
     draining: bool = False  # the operator is emptying it before the pool shrinks: no new copies go there
+    canaries: dict[str, tuple[str, int]] = dataclasses.field(default_factory=dict)  # model -> (its canary's id, weight %)
 
     def ready_models(self) -> set[str]:
         return {m for m, c in self.copies.items() if c.state == CopyState.READY}
@@ -107,6 +108,7 @@ class ModelMap:
         asked_at = self.clock() if asked_at is None else asked_at
         copies = {c.id: CopyView.of(c) for c in status.models}
         catalog = {e.id: e.memory_bytes for e in status.catalog}
+        canaries = {e.id: (e.canary, e.canary_weight) for e in status.catalog if e.canary}
         previous = self._pods.get(url)
         self._pods[url] = PodView(
             url=url,
@@ -121,6 +123,7 @@ class ModelMap:
             copies=copies,
             catalog=catalog,
             draining=draining,
+            canaries=canaries,
         )
         self._known = None
         pod = self._pods[url]
@@ -281,6 +284,15 @@ class ModelMap:
             return max(measured)
         estimates = [p.catalog[model] for p in self._pods.values() if p.catalog.get(model)]
         return max(estimates) if estimates else fallback
+
+    def canary_of(self, model: str) -> tuple[str, int] | None:
+        """`model`'s canary version (its id) and the percent of requests it takes, as the workers'
+        catalogs say (they follow the model store, so an edited rollout reaches the router with the
+        next reports); None when it has none."""
+        for pod in self._pods.values():
+            if model in pod.canaries:
+                return pod.canaries[model]
+        return None
 
     def pods_with_catalog(self, model: str) -> list[PodView]:
         """Ready pods that can load `model`."""

@@ -26,7 +26,7 @@ from typing import Awaitable, Callable, Mapping
 
 from modelplane_common import errors
 from modelplane_common.quantity import format_bytes
-from modelplane_common.wire import TIMEOUT_HEADER, CopyState
+from modelplane_common.wire import TIMEOUT_HEADER, VARIANT_HEADER, CopyState
 from modelplane_router import placement, prefix_routing
 from modelplane_router.model_map import ModelMap
 from modelplane_router.pod_waiter import PodWaiter
@@ -223,6 +223,10 @@ class Router:
         deadline = self.deadline(headers)
         if load:
             await self.hold_for_pod(model, deadline)
+        if load and "/versions/" not in path:  # a request that names a version gets that version
+            chosen = self.choose_variant(model)
+            if chosen != model:
+                model, headers = chosen, {**headers, VARIANT_HEADER: chosen}
         tried: list[str] = []
         response: UpstreamResponse | None = None
         for attempt in range(2):
@@ -250,6 +254,14 @@ class Router:
         (pod_waiter.py); at once otherwise, and always in standalone mode."""
         if self.pod_waiter is not None:
             await self.pod_waiter.wait(model, deadline)
+
+    def choose_variant(self, model: str) -> str:
+        """`model`, or its canary version for the canary's weight in percent of the requests."""
+        canary = self.model_map.canary_of(model)
+        if canary is None:
+            return model
+        variant, weight = canary
+        return variant if self.rng.random() * 100 < weight else model
 
     def _target(self, model: str, tried: list[str], load: bool) -> tuple[str, bool] | None:
         """Where the next attempt goes: a ready copy; else a copy loading now; else a new placement

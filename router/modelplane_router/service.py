@@ -28,6 +28,7 @@ class RouterSettings:
     control_interval_s: float = 1.0
     request_timeout_s: float = 60.0
     load_timeout_s: float = 300.0
+    worker_token: str = ""  # the workers' API token (cluster mode)
     default_max_copies: int = 1
     retry_after_s: int = 5
     replication: ReplicationSettings = ReplicationSettings()
@@ -43,7 +44,7 @@ class RouterService:
         self.settings = settings
         self.model_map = ModelMap()
         self.metrics = RouterMetrics()
-        self.client = WorkerClient(settings.request_timeout_s, settings.load_timeout_s)
+        self.client = WorkerClient(settings.request_timeout_s, settings.load_timeout_s, worker_token=settings.worker_token)
         self.sync = StatusSync(self.model_map, self.client, discovery, settings.sync_interval_s)
         self.router = Router(
             self.model_map,

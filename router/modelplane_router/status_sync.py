@@ -1,9 +1,13 @@
 """Keeps the model map fresh from the workers' own ``GET /status`` reports.
 
-Each pod is asked every ``interval_s``; a pod that does not answer (or
-answers nonsense) leaves the map at once and comes back with its next good
-report. Pods that discovery no longer lists leave the map too. Each report's
-catalog also describes its models (catalog.py, for ``GET /models``).
+Each pod is asked every ``interval_s``; a pod that cannot be reached
+(refused, reset, not HTTP) or answers nonsense leaves the map at once and
+comes back with its next good report. A pod that is only slow to answer (a
+status call that times out: its event loop may be busy with a large body)
+stays until ``timeouts_to_leave`` calls in a row time out. Pods that
+discovery no longer lists leave the map too. Each report's catalog also
+describes its models (catalog.py, for ``GET /models``). One failed pass never
+ends the loop.
 
 Every request is stamped with the map's clock before it is sent, so a report
 that lands after something the router learned itself (a load that finished
@@ -28,12 +32,14 @@ log = logging.getLogger(__name__)
 
 class StatusSync:
     def __init__(self, model_map: ModelMap, client: WorkerClient, discovery: Discovery, interval_s: float = 1.0,
-                 catalog: ModelCatalog | None = None) -> None:
+                 catalog: ModelCatalog | None = None, timeouts_to_leave: int = 3) -> None:
         self.model_map = model_map
         self.catalog = catalog if catalog is not None else ModelCatalog()
         self.client = client
         self.discovery = discovery
         self.interval_s = interval_s
+        self.timeouts_to_leave = timeouts_to_leave
+        self._timeouts: dict[str, int] = {}  # url -> status calls in a row that timed out
         self._changed: asyncio.Future[None] | None = None
 
     async def changed(self) -> None:
@@ -51,24 +57,42 @@ class StatusSync:
         asked_at = self.model_map.now()
         try:
             status = await self.client.status(url)
-        except (PodUnreachable, errors.UpstreamTimeout, WorkerError, pydantic.ValidationError) as exc:
-            if self.model_map.pod(url) is not None:
-                log.warning("pod %s leaves the map: %s", url, exc)
-            self.model_map.remove_pod(url)
+        except errors.UpstreamTimeout as exc:
+            missed = self._timeouts[url] = self._timeouts.get(url, 0) + 1
+            if missed < self.timeouts_to_leave:
+                log.info("pod %s was slow to report (%d in a row): %s", url, missed, exc)
+                return False
+            self._leave(url, exc)
             return False
+        except (PodUnreachable, WorkerError, pydantic.ValidationError, ValueError) as exc:
+            self._leave(url, exc)
+            return False
+        self._timeouts.pop(url, None)
         self.model_map.apply_status(url, status, node=self.discovery.node_of(url), asked_at=asked_at,
                                     draining=self.discovery.draining(url))
         self.catalog.update(status.catalog)
         return True
 
+    def _leave(self, url: str, why: Exception) -> None:
+        if self.model_map.pod(url) is not None:
+            log.warning("pod %s leaves the map: %s", url, why)
+        self.model_map.remove_pod(url)
+        self._timeouts.pop(url, None)
+
     async def refresh_all(self) -> None:
         urls = self.discovery.urls()
         for gone in set(self.model_map.urls()) - set(urls):
             self.model_map.remove_pod(gone)
-        await asyncio.gather(*(self.refresh(u) for u in urls))
+        results = await asyncio.gather(*(self.refresh(u) for u in urls), return_exceptions=True)
+        for url, result in zip(urls, results):
+            if isinstance(result, Exception):  # a report we could not handle: the pod is not usable
+                self._leave(url, result)
         self._pulse()
 
     async def run(self) -> None:
         while True:
-            await self.refresh_all()
+            try:
+                await self.refresh_all()
+            except Exception:  # noqa: BLE001 - the map must keep following the workers after one bad pass
+                log.exception("status pass failed; trying again in %.1fs", self.interval_s)
             await asyncio.sleep(self.interval_s)

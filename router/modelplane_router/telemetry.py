@@ -27,3 +27,6 @@ class RouterMetrics:
         self.pod_wait = Histogram(names.ROUTER_POD_WAIT_SECONDS, "Seconds a request was held for a pod to start",
                                   ["model"], registry=self.registry,
                                   buckets=(0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300))
+        self.versions = Counter(names.ROUTER_VERSION_REQUESTS_TOTAL.removesuffix("_total"),
+                                "Answered requests by the version that computed them (canaries)", ["model", "version"],
+                                registry=self.registry)

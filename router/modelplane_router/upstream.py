@@ -10,16 +10,22 @@ import asyncio
 import dataclasses
 import json
 from typing import Any, AsyncIterator, Callable, Mapping
+from urllib.parse import quote
 
 import aiohttp
+import yarl
 
 from modelplane_common import errors
-from modelplane_common.wire import TIMEOUT_HEADER, VERSION_HEADER, WorkerStatus
+from modelplane_common.wire import TIMEOUT_HEADER, VARIANT_HEADER, VERSION_HEADER, WorkerStatus
 
-# Headers a worker's answer keeps on its way back through the router.
-PASSED_RESPONSE_HEADERS = ("content-type", "inference-header-content-length", "retry-after", "server-timing", VERSION_HEADER)
-# Headers a client's request keeps on its way to a worker.
-PASSED_REQUEST_HEADERS = ("content-type", "inference-header-content-length", "accept", TIMEOUT_HEADER)
+# Headers a worker's answer keeps on its way back through the router. Content-Encoding goes with
+# the body it describes (a client that asked for gzip with Accept-Encoding gets it from Triton).
+PASSED_RESPONSE_HEADERS = ("content-type", "inference-header-content-length", "retry-after", "server-timing",
+                           "content-encoding", VERSION_HEADER)
+# Headers a client's request keeps on its way to a worker: a gzip body (tritonclient's request
+# compression) is only readable with its Content-Encoding.
+PASSED_REQUEST_HEADERS = ("content-type", "inference-header-content-length", "accept", TIMEOUT_HEADER, VARIANT_HEADER,
+                          "content-encoding", "accept-encoding")
 
 
 class PodUnreachable(Exception):
@@ -113,10 +119,13 @@ def error_message(response: UpstreamResponse) -> str:
 class WorkerClient:
     """One pooled HTTP client (aiohttp: a fraction of httpx's per-request CPU) for every worker."""
 
-    def __init__(self, request_timeout_s: float = 60.0, load_timeout_s: float = 300.0, status_timeout_s: float = 2.0) -> None:
+    def __init__(self, request_timeout_s: float = 60.0, load_timeout_s: float = 300.0, status_timeout_s: float = 2.0,
+                 worker_token: str = "") -> None:
         self.request_timeout = aiohttp.ClientTimeout(total=request_timeout_s)
         self.load_timeout = aiohttp.ClientTimeout(total=load_timeout_s)
         self.status_timeout = aiohttp.ClientTimeout(total=status_timeout_s)
+        # Workers in cluster mode answer only callers with their API token (the router and the operator).
+        self._auth = {"Authorization": f"Bearer {worker_token}"} if worker_token else {}
         self._session: aiohttp.ClientSession | None = None
 
     def _http(self) -> aiohttp.ClientSession:
@@ -137,13 +146,14 @@ class WorkerClient:
     async def _send(self, url: str, method: str, path: str, timeout: aiohttp.ClientTimeout,
                     body: bytes | None = None, headers: Mapping[str, str] | None = None) -> UpstreamResponse:
         try:
-            async with self._http().request(method, url + path, data=body, headers=headers, timeout=timeout,
+            async with self._http().request(method, yarl.URL(url + path, encoded=True), data=body,
+                                            headers={**(headers or {}), **self._auth}, timeout=timeout,
                                             allow_redirects=False) as response:
                 content = await response.read()
                 return UpstreamResponse(response.status, dict(response.headers), content)
         except asyncio.TimeoutError as exc:
             raise errors.UpstreamTimeout(f"worker {url} did not answer {method} {path} within {timeout.total}s") from exc
-        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError) as exc:
+        except (aiohttp.ClientError, OSError) as exc:  # refused, reset, or not speaking HTTP at all
             raise PodUnreachable(url, exc) from exc
 
     async def status(self, url: str) -> WorkerStatus:
@@ -157,13 +167,13 @@ class WorkerClient:
         the worker may wait for room within that budget."""
         budget = min(timeout_s, self.load_timeout.total or timeout_s) if timeout_s is not None else self.load_timeout.total
         budget = max(budget or 0.0, 0.001)
-        response = await self._send(url, "POST", f"/v2/repository/models/{model}/load", aiohttp.ClientTimeout(total=budget),
+        response = await self._send(url, "POST", f"/v2/repository/models/{quote(model, safe='')}/load", aiohttp.ClientTimeout(total=budget),
                                     headers={TIMEOUT_HEADER: f"{budget:.3f}"})
         if response.status_code >= 400:
             raise WorkerError(response.status_code, f"loading {model!r} on {url} failed: {error_message(response)}", response.headers)
 
     async def unload(self, url: str, model: str) -> None:
-        response = await self._send(url, "POST", f"/v2/repository/models/{model}/unload", self.load_timeout)
+        response = await self._send(url, "POST", f"/v2/repository/models/{quote(model, safe='')}/unload", self.load_timeout)
         if response.status_code >= 400 and response.status_code != 404:
             raise WorkerError(response.status_code, f"unloading {model!r} on {url} failed: {error_message(response)}", response.headers)
 
@@ -187,7 +197,8 @@ class WorkerClient:
     async def forward(self, url: str, method: str, path: str, body: bytes, headers: Mapping[str, str],
                       timeout_s: float | None = None) -> UpstreamResponse:
         """Send a client's request to a worker as it is, within `timeout_s` (default: the request
-        timeout); the worker's answer comes back as it is."""
+        timeout); the worker's answer comes back as it is. `path` is the client's raw path, still
+        percent-encoded: a ``%3F`` in a path segment must not become a query upstream."""
         passed = {k: v for k, v in headers.items() if k.lower() in PASSED_REQUEST_HEADERS}
         timeout = self.request_timeout if timeout_s is None else aiohttp.ClientTimeout(total=max(timeout_s, 0.001))
         return await self._send(url, method, path, timeout, body or None, passed)

@@ -67,7 +67,7 @@ class BallastWorker(FrameworkWorker):
     def load(self) -> None:
         with _loads_lock:
             ATTEMPTS[self.spec.id] += 1
-        folder = sources.resolve(self.spec.source, dict(self.context.source_roots))
+        folder = sources.resolve(self.spec.source, dict(self.context.source_roots), self.context.file_roots)
         try:
             config = json.loads((folder / "ballast.json").read_text())
             size, delay, factor = int(config["bytes"]), float(config.get("load_delay_s", 0)), float(config.get("factor", 2))

@@ -41,6 +41,9 @@ def ballast_app(
     triton_url: str = "",
     max_body_bytes: int = api.DEFAULT_MAX_BODY_BYTES,
     pod_name: str = "test-pod",
+    api_token: str = "",
+    max_model_queue: int = 64,
+    file_roots: tuple[Path, ...] | None = None,
     **manager_options: Any,
 ) -> FastAPI:
     """A complete worker app whose in-process models are ballast models."""
@@ -48,10 +51,11 @@ def ballast_app(
     backends = Backends([TritonBackend(triton_url)])
     manager_options.setdefault("policy", EvictionPolicy(churn_guard_s=0))
     manager = ModelManager(
-        store, WorkerContext(backends=backends.by_name()), budget,
+        store, WorkerContext(backends=backends.by_name(), file_roots=file_roots), budget,
         observer=metrics, preflight=backends.require, create_worker=ballast.create_worker, **manager_options,
     )
-    return api.create_app(manager, metrics, backends, pod_name=pod_name, max_body_bytes=max_body_bytes, pinned_check_s=0.2)
+    return api.create_app(manager, metrics, backends, pod_name=pod_name, max_body_bytes=max_body_bytes, pinned_check_s=0.2,
+                          api_token=api_token, max_model_queue=max_model_queue)
 
 
 @contextlib.contextmanager

@@ -25,8 +25,9 @@ def _spec_schema() -> dict:
 
 
 def test_every_spec_field_is_in_the_schema_and_back() -> None:
-    # id is metadata.name; memory_bytes is written `memory`; source is an object {uri}.
-    model_fields = {(f.alias or name) for name, f in ModelSpec.model_fields.items()} - {"id"}
+    # id is metadata.name; memory_bytes is written `memory`; source is an object {uri}; variant_of and
+    # variant_weight exist only on a canary's derived spec (ModelSpec.canary_variant).
+    model_fields = {(f.alias or name) for name, f in ModelSpec.model_fields.items()} - {"id", "variant_of", "variant_weight"}
     assert set(_spec_schema()["properties"]) == model_fields
 
 
@@ -74,3 +75,30 @@ def test_the_crd_refuses_exactly_the_names_the_operator_refuses() -> None:
     (rule,) = [r["rule"] for r in rules if "metadata.name" in r["rule"]]
     listed = ast.literal_eval(re.search(r"\[[^\]]*\]", rule).group(0))
     assert sorted(listed) == sorted(spec_module.RESERVED_NAMES)
+
+
+def test_limits_and_bounds_agree() -> None:
+    props = _spec_schema()["properties"]
+    assert props["maxConcurrency"]["minimum"] == 1
+    assert props["maxConcurrency"]["maximum"] == spec_module.MAX_CONCURRENCY
+    assert props["timeoutSeconds"]["maximum"] == spec_module.MAX_TIMEOUT_SECONDS
+    assert props["description"]["maxLength"] == spec_module.MAX_DESCRIPTION
+    assert props["labels"]["maxProperties"] == spec_module.MAX_LABELS
+    assert props["labels"]["additionalProperties"]["maxLength"] == spec_module.MAX_LABEL_VALUE
+    assert str(spec_module.MAX_LABEL_KEY) in props["labels"]["x-kubernetes-validations"][0]["rule"]
+
+
+def test_per_model_limits_reach_the_workers_model_store() -> None:
+    from modelplane_operator import workloads
+
+    spec = ModelSpec.from_served_model({"metadata": {"name": "m"}, "spec": {
+        "framework": "triton", "source": {"uri": "pvc://c/m"}, "maxConcurrency": 2, "timeoutSeconds": 1.5}})
+    read_back = ModelSpec.model_validate(workloads.store_entry(spec))
+    assert (read_back.max_concurrency, read_back.timeout_seconds) == (2, 1.5)
+
+
+def test_the_canary_schema_agrees() -> None:
+    canary = _spec_schema()["properties"]["rollout"]["properties"]["canary"]
+    fields = {(f.alias or name) for name, f in spec_module.Canary.model_fields.items()}
+    assert set(canary["properties"]) == fields and set(canary["required"]) == {"version", "source", "weight"}
+    assert (canary["properties"]["weight"]["minimum"], canary["properties"]["weight"]["maximum"]) == (0, 100)

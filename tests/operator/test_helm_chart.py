@@ -174,3 +174,22 @@ def test_gpu_values_that_would_give_pods_no_gpu_fail_the_render(kube_cluster: Ku
                                                                 words: str) -> None:
     result = _helm(kube_cluster, "template", "modelplane", str(CHART), *[a for v in values for a in ("--set", v)])
     assert result.returncode != 0 and words in result.stderr, result.stderr
+
+
+def test_worker_pods_answer_only_the_router_and_the_operator(kube_cluster: KubeCluster) -> None:
+    """A NetworkPolicy in front of the workers, one generated token shared by exactly the router,
+    the operator (and through it the worker pods), and a disruption budget for the routers."""
+    result = _helm(kube_cluster, "template", "modelplane", str(CHART))
+    assert result.returncode == 0, result.stderr
+    documents = [d for d in yaml.safe_load_all(result.stdout) if d]
+    (policy,) = [d for d in documents if d["kind"] == "NetworkPolicy"]
+    assert policy["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "worker"
+    peers = [peer["podSelector"]["matchLabels"]["app.kubernetes.io/component"] for peer in policy["spec"]["ingress"][0]["from"]]
+    assert sorted(peers) == ["operator", "router"]
+    (secret,) = [d for d in documents if d["kind"] == "Secret"]
+    assert secret["metadata"]["name"] == "modelplane-worker-token" and secret["data"]["token"]
+    envs = {d["metadata"]["name"]: {e["name"]: e for e in d["spec"]["template"]["spec"]["containers"][0]["env"]}
+            for d in documents if d["kind"] == "Deployment"}
+    assert envs["modelplane-router"]["MODELPLANE_WORKER_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "modelplane-worker-token"
+    assert envs["modelplane-operator"]["MODELPLANE_OPERATOR_WORKER_TOKEN_SECRET"]["value"] == "modelplane-worker-token"
+    assert any(d["kind"] == "PodDisruptionBudget" and d["metadata"]["name"] == "modelplane-router" for d in documents)

@@ -111,7 +111,8 @@ def test_a_dedicated_group_made_by_an_older_operator_is_rekeyed(cluster: Cluster
     immutable, so the operator replaces such a Deployment instead of failing on it."""
     old_labels = {labels.PART_OF: labels.PROJECT, labels.COMPONENT: labels.WORKER, labels.POOL: "gamma"}
     cluster.apply({
-        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "gamma-dedicated", "labels": old_labels},
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "gamma-dedicated", "labels": {**old_labels, labels.MANAGED_BY: "modelplane-operator"}},
         "spec": {"replicas": 1, "selector": {"matchLabels": old_labels}, "template": {
             "metadata": {"labels": old_labels},
             "spec": {"containers": [{"name": "modelplane-worker", "image": "registry.example/old:1"}]}}},

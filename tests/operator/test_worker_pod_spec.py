@@ -131,3 +131,20 @@ def test_pool_and_model_store_are_owned_by_the_operator_deployment_when_named() 
     store = workloads.build_model_store_configmap([_spec()], _config(), owners=[owner])
     assert pool["metadata"]["ownerReferences"] == [owner] == store["metadata"]["ownerReferences"]
     assert "ownerReferences" not in workloads.build_pool_deployment(_config(), replicas=1)["metadata"]
+
+
+def test_worker_pods_carry_the_trust_policy_and_the_token_from_its_secret() -> None:
+    template = workloads.build_worker_pod_template(_config(worker_token_secret="tok"), None, [])
+    worker = _containers(template)[workloads.WORKER_CONTAINER]
+    env = {e["name"]: e for e in worker["env"]}
+    assert env["MODELPLANE_API_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "tok", "key": "token"}
+    assert env["MODELPLANE_FILE_ROOTS"]["value"] == ""  # file:// refused unless roots are declared
+    assert "python" not in env["MODELPLANE_TRITON_BACKENDS"]["value"].split(",")
+
+
+def test_the_sidecar_outlives_the_workers_drain() -> None:
+    triton = _containers(workloads.build_worker_pod_template(_config(), None, []))[workloads.TRITON_CONTAINER]
+    command = " ".join(triton["lifecycle"]["preStop"]["exec"]["command"])
+    assert f"/models/{workloads.WORKER_RUNNING_MARKER}" in command
+    from modelplane_worker.main import RUNNING_MARKER
+    assert RUNNING_MARKER == workloads.WORKER_RUNNING_MARKER

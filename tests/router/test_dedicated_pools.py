@@ -22,6 +22,9 @@ class PoolsDiscovery:
     def pool_of(self, url: str) -> str:
         return self.pools[url]
 
+    def draining(self, url: str) -> bool:
+        return False
+
     def spec_of(self, model: str) -> ModelSpec | None:
         return self._specs.get(model)
 

@@ -20,7 +20,7 @@ from modelplane_testing.worker_server import worker_process
 def test_loads_and_predicts_sent_while_preparing_succeed(sample_store, tmp_path) -> None:
     catalog = json.loads(sample_store.read_text())
     catalog["models"] = [m for m in catalog["models"] if m["framework"] == "transformers"]
-    assert {m["id"] for m in catalog["models"]} == {"sentiment", "mini-embed", "tiny-chat"}
+    assert {"sentiment", "mini-embed"} <= {m["id"] for m in catalog["models"]}
     store = tmp_path / "model-store.json"
     store.write_text(json.dumps(catalog))
 

@@ -20,9 +20,13 @@ status by the one shared handler. Choices worth knowing:
   repository index (UNAVAILABLE with the reason) until a load succeeds or
   the model is unloaded; a retry within the back-off answers it again at once.
 - ``/v2/health/ready`` is 200 only when the Triton sidecar is ready (or the
-  worker has none), every pinned model is loaded and the start-up
-  preparation (importing the store's frameworks) is done;
-  ``/v2/health/live`` depends on nothing but the process.
+  worker has none), every pinned model is loaded, the start-up
+  preparation (importing the store's frameworks) is done and the worker is
+  not draining (after SIGTERM); ``/v2/health/live`` depends on nothing but
+  the process.
+- With an API token (cluster mode), every endpoint but the health probes,
+  ``/metrics`` and the OpenAPI description needs ``Authorization: Bearer
+  <token>`` (401): only the router and the operator hold it.
 """
 from __future__ import annotations
 
@@ -31,7 +35,6 @@ import contextlib
 import json
 import logging
 import math
-import zlib
 from typing import Any, AsyncIterator, Callable
 
 import pydantic
@@ -42,7 +45,8 @@ from modelplane_common import errors, http, wire
 from modelplane_common.spec import ModelSpec
 from modelplane_worker import codec, openai_routes
 from modelplane_worker.backends import Backends
-from modelplane_worker.dataplane import DataPlane
+from modelplane_worker.dataplane import OFF_LOOP_BYTES, DataPlane
+from modelplane_worker.limits import DEFAULT_MAX_QUEUE as DEFAULT_MAX_MODEL_QUEUE, ModelLimiter
 from modelplane_worker.manager import ModelManager, RequestTiming
 from modelplane_worker.metrics import WorkerMetrics
 
@@ -52,6 +56,8 @@ SERVER_NAME = "modelplane-worker"
 TRITON = "triton"  # the backend /status reports as triton_ready
 SERVER_VERSION = "0.1.0"
 DEFAULT_MAX_BODY_BYTES = 64 * 2**20
+# Paths that answer without the API token: the kubelet's probes, Prometheus, the API's description.
+OPEN_PATHS = frozenset({"/v2/health/live", "/v2/health/ready", "/metrics", "/openapi.json", "/docs"})
 
 
 def create_app(
@@ -66,15 +72,20 @@ def create_app(
     prepare: Callable[[], None] | None = None,
     backend_sync_s: float = 1.0,
     inference_threads: int | None = None,
+    api_token: str = "",
+    max_model_queue: int = DEFAULT_MAX_MODEL_QUEUE,
+    draining: Callable[[], bool] = lambda: False,
 ) -> FastAPI:
     """A worker app around an assembled manager; it owns their lifetime from start-up to shutdown.
 
     `prepare` runs on a thread at start-up without delaying it (e.g. importing
     the frameworks the store uses, so the first cold load does not pay for it).
     Every `backend_sync_s`, what each backend (the Triton sidecar) holds is compared with
-    the table (a restarted sidecar comes back empty; see backends).
+    the table (a restarted sidecar comes back empty; see backends). `api_token`: see the module
+    docstring. `draining()` says the server is shutting down: readiness answers 503 so that
+    no new traffic comes, while requests already sent are still served.
     """
-    dataplane = DataPlane(manager, metrics, backends, inference_threads)
+    dataplane = DataPlane(manager, metrics, backends, ModelLimiter(metrics, max_model_queue), inference_threads)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -96,6 +107,8 @@ def create_app(
 
     app = FastAPI(title="modelplane worker", version=SERVER_VERSION, lifespan=lifespan)
     http.install_error_handler(app)
+    if api_token:
+        app.add_middleware(RequireToken, token=api_token)
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
@@ -112,17 +125,24 @@ def create_app(
         # the pod waits only for the backends it has. triton_ready: the same for the Triton sidecar.
         each = await backends.readiness()
         missing = [key for key in manager.pinned_ids() if not manager.is_loaded(key)]
-        ready = await backends.ready() and not missing and prepared.is_set()
+        ready = await backends.ready() and not missing and prepared.is_set() and not draining()
         return {"ready": ready, "triton_ready": each.get(TRITON, False), "backends": each,
-                "pinned_not_loaded": missing, "prepared": prepared.is_set()}
+                "pinned_not_loaded": missing, "prepared": prepared.is_set(), "draining": draining()}
 
     # ----- seed API ------------------------------------------------------
 
-    @app.post("/predict")
+    @app.post("/predict", openapi_extra=request_body_schema(wire.PredictRequest.model_json_schema()))
     async def predict(request: Request) -> Response:
-        body = parse_json_model(wire.PredictRequest, await body_of(request))
+        raw = await body_of(request)
+        encoding = request.headers.get("content-encoding")
+
+        def parse() -> wire.PredictRequest:
+            return parse_json_model(wire.PredictRequest, http.decompress(raw, encoding, max_body_bytes))
+
+        body = parse() if len(raw) <= OFF_LOOP_BYTES and not encoding else await asyncio.to_thread(parse)
         timing = RequestTiming()
-        predictions = await dataplane.predict(body.model_id, body.input_data, timeout_of(request), timing)
+        predictions = await dataplane.predict(body.model_id, body.input_data, timeout_of(request), timing,
+                                              request.headers.get(wire.VARIANT_HEADER))
         answer = wire.PredictResponse(model_id=body.model_id, predictions=predictions, model_version=timing.version)
         return Response(answer.model_dump_json(), media_type="application/json",
                         headers={"Server-Timing": timing.header(), wire.VERSION_HEADER: timing.version})
@@ -159,18 +179,19 @@ def create_app(
         is_ready = await dataplane.model_ready(name, version)
         return JSONResponse({"name": name, "ready": is_ready}, status_code=200 if is_ready else 503)
 
-    @app.post("/v2/models/{name}/infer")
-    @app.post("/v2/models/{name}/versions/{version}/infer")
+    @app.post("/v2/models/{name}/infer", openapi_extra=request_body_schema(codec.INFER_REQUEST_SCHEMA))
+    @app.post("/v2/models/{name}/versions/{version}/infer", openapi_extra=request_body_schema(codec.INFER_REQUEST_SCHEMA))
     async def infer(name: str, request: Request, version: str | None = None) -> Response:
         body = await body_of(request)
 
         def decode() -> codec.InferRequest:
             header_length = parse_header_length(request.headers.get(codec.HEADER_LENGTH))
-            raw = decompress(body, request.headers.get("content-encoding", "identity"), max_body_bytes)
+            raw = http.decompress(body, request.headers.get("content-encoding"), max_body_bytes)
             return codec.decode_request(raw, header_length)
 
         timing = RequestTiming()
-        answer = await dataplane.infer(name, version, body, request.headers, decode, timeout_of(request), timing)
+        answer = await dataplane.infer(name, version, body, request.headers, decode, timeout_of(request), timing,
+                                       request.headers.get(wire.VARIANT_HEADER))
         return Response(content=answer.body, status_code=answer.status,
                         headers={**answer.headers, "Server-Timing": timing.header(), wire.VERSION_HEADER: timing.version})
 
@@ -226,6 +247,26 @@ def create_app(
     return app
 
 
+class RequireToken:
+    """Plain ASGI (no per-request middleware stack): 401 for any request without the API token,
+    but on OPEN_PATHS."""
+
+    def __init__(self, app: Any, token: str) -> None:
+        self.app = app
+        self.token = token
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
+            headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+            try:
+                http.check_bearer(headers, self.token, "this worker's API")
+            except errors.Unauthorized as exc:
+                answer = JSONResponse(http.error_body(exc.message), status_code=exc.status_code, headers=exc.headers)
+                await answer(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 async def _prepare_then_set(prepare: Callable[[], None] | None, done: asyncio.Event) -> None:
     try:
         if prepare is not None:
@@ -265,24 +306,10 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
     return value
 
 
-_ZLIB_WINDOW = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
-
-
-def decompress(body: bytes, encoding: str, limit_bytes: int) -> bytes:
-    """A gzip/deflate request body (tritonclient's request compression), refused past `limit_bytes`."""
-    encoding = encoding.strip().lower()
-    if encoding in ("", "identity"):
-        return body
-    if encoding not in _ZLIB_WINDOW:
-        raise errors.BadInput(f"Content-Encoding {encoding!r} is not supported; use gzip, deflate or none")
-    inflater = zlib.decompressobj(_ZLIB_WINDOW[encoding])
-    try:
-        raw = inflater.decompress(body, limit_bytes + 1)
-    except zlib.error as exc:
-        raise errors.BadInput(f"request body is not valid {encoding}: {exc}") from None
-    if len(raw) > limit_bytes or inflater.unconsumed_tail:
-        raise errors.PayloadTooLarge(f"decompressed request body exceeds the limit of {limit_bytes} bytes")
-    return raw
+def request_body_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """An OpenAPI requestBody for a route that reads its body itself (bounded, maybe compressed):
+    clients and the fuzzing test see what it takes."""
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
 
 
 def parse_header_length(value: str | None) -> int | None:
@@ -346,9 +373,11 @@ def copies(manager: ModelManager) -> list[wire.ModelCopy]:
 
 
 def catalog_entry(spec: ModelSpec, manager: ModelManager) -> wire.CatalogEntry:
+    canary = spec.canary_variant()
     return wire.CatalogEntry(id=spec.id, framework=spec.framework.value, memory_bytes=manager.known_size(spec),
                              name=spec.name, type=spec.task.value, version=spec.version, description=spec.description,
-                             base_model=spec.base_model)
+                             base_model=spec.base_model, canary=canary.id if canary else "",
+                             canary_weight=canary.variant_weight if canary else 0)
 
 
 def models_report(manager: ModelManager) -> wire.ModelsResponse:

@@ -14,12 +14,12 @@ naming the tensor.
 """
 from __future__ import annotations
 
-import json
 import math
 import struct
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import numpy as np
 import pydantic
 
@@ -44,6 +44,10 @@ DATATYPES: dict[str, np.dtype] = {
 _KIND_SIZE_TO_DATATYPE = {(dtype.kind, dtype.itemsize): name for name, dtype in DATATYPES.items() if name != "BYTES"}
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
+# numpy holds at most 64 dimensions of at most 2**63 - 1 each; a shape past these (a zero
+# dimension makes any other one "fit" the data) is the client's mistake, not a server error.
+MAX_DIMENSIONS = 32
+MAX_DIMENSION = 2**31 - 1
 
 
 class _Tensor(pydantic.BaseModel):
@@ -148,7 +152,16 @@ def _dtype(tensor: _Tensor) -> np.dtype:
         raise errors.BadInput(f"input {tensor.name!r} has unsupported datatype {tensor.datatype!r}; supported: {known}") from None
 
 
+def _check_shape(tensor: _Tensor) -> None:
+    if len(tensor.shape) > MAX_DIMENSIONS:
+        raise errors.BadInput(f"input {tensor.name!r}: shape has {len(tensor.shape)} dimensions; at most {MAX_DIMENSIONS}")
+    too_large = [d for d in tensor.shape if d > MAX_DIMENSION]
+    if too_large:
+        raise errors.BadInput(f"input {tensor.name!r}: shape dimension {too_large[0]} exceeds {MAX_DIMENSION}")
+
+
 def _tensor_from_binary(tensor: _Tensor, raw: memoryview) -> np.ndarray:
+    _check_shape(tensor)
     dtype = _dtype(tensor)
     count = math.prod(tensor.shape)
     if tensor.datatype == "BYTES":
@@ -165,6 +178,7 @@ def _tensor_from_binary(tensor: _Tensor, raw: memoryview) -> np.ndarray:
 
 
 def _tensor_from_json(tensor: _Tensor) -> np.ndarray:
+    _check_shape(tensor)
     dtype = _dtype(tensor)
     if tensor.data is None:
         raise errors.InvalidRequest(f"input {tensor.name!r} has neither 'data' nor parameters.binary_data_size")
@@ -272,7 +286,10 @@ def encode_response(
     header: dict[str, Any] = {"model_name": model_name, "model_version": model_version, "outputs": described}
     if request.id is not None:
         header["id"] = request.id
-    header_bytes = json.dumps(header, separators=(",", ":")).encode()
+    # msgspec, not json: 16x faster on large outputs (json.dumps held the GIL 0.6 s for 800k floats,
+    # stalling the event loop from any thread), and JSON has no NaN or infinity: msgspec writes
+    # them as null (as JavaScript's JSON.stringify does) where json wrote bare NaN tokens.
+    header_bytes = msgspec.json.encode(header)
     if not blobs:
         return header_bytes, {"content-type": "application/json"}
     return header_bytes + b"".join(blobs), {
@@ -305,3 +322,24 @@ def _bytes_as_text(array: np.ndarray) -> list[str] | None:
         return [e if isinstance(e, str) else bytes(e).decode() for e in array.reshape(-1)]
     except UnicodeDecodeError:
         return None
+
+
+def _inlined(schema: dict[str, Any]) -> dict[str, Any]:
+    """A JSON schema with its ``$defs`` references replaced by the definitions (no document-level refs)."""
+    definitions = schema.pop("$defs", {})
+
+    def inline(node: Any) -> Any:
+        if isinstance(node, dict):
+            if "$ref" in node:
+                return inline(definitions[node["$ref"].rsplit("/", 1)[-1]])
+            return {key: inline(value) for key, value in node.items()}
+        if isinstance(node, list):
+            return [inline(item) for item in node]
+        return node
+
+    return inline(schema)
+
+
+# The JSON form of an infer request, for the OpenAPI description (the binary extension appends
+# raw tensors after this header; Inference-Header-Content-Length says where the header ends).
+INFER_REQUEST_SCHEMA: dict[str, Any] = _inlined(_InferRequestHeader.model_json_schema())

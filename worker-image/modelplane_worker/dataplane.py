@@ -1,9 +1,14 @@
 """The inference entry points that the seed API and OIP v2 both call.
 
-Each request: get-or-load the model through the manager (counted in flight,
-so it cannot be unloaded under the request), run the framework's
-``predict``/``infer`` on a thread (a slow inference never stalls the event
-loop), and record the outcome in the metrics. Errors stay ModelplaneErrors
+Each request: wait for one of the model's slots when its spec limits its
+concurrency (``limits.py``), get-or-load the model through the manager
+(counted in flight, so it cannot be unloaded under the request) within the
+request's deadline (the caller's ``X-Modelplane-Timeout``, capped by the
+model's ``timeoutSeconds``), run the framework's ``predict``/``infer`` on a
+thread (a slow inference never stalls the event loop), and record the outcome
+in the metrics. Decoding and encoding OIP bodies run on threads too: an 8 MB
+JSON tensor takes most of a second, and the event loop also answers status
+polls and health probes. Errors stay ModelplaneErrors
 with a message naming the model; anything else a framework raises becomes a
 500 that says which model failed and how.
 """
@@ -18,11 +23,12 @@ import time
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Mapping
 
-from modelplane_common import errors
+from modelplane_common import errors, wire
 from modelplane_common.spec import ModelSpec
 from modelplane_worker import codec, engine
 from modelplane_worker.backends import Backends
 from modelplane_worker.frameworks.base import ForwardedResponse, FrameworkWorker
+from modelplane_worker.limits import ModelLimiter
 from modelplane_worker.manager import ModelManager, RequestTiming
 from modelplane_worker.metrics import WorkerMetrics
 
@@ -47,7 +53,7 @@ def available_cores() -> int:
 
 class DataPlane:
     def __init__(self, manager: ModelManager, metrics: WorkerMetrics, backends: Backends,
-                 inference_threads: int | None = None) -> None:
+                 limiter: ModelLimiter | None = None, inference_threads: int | None = None) -> None:
         """`inference_threads`: inferences that run at once (default: one per available core). More
         threads than cores only contend for the GIL and the cores (torch parallelises each op
         itself): measured on 2 cores under a flood, 6 threads gave 27% less throughput than 1
@@ -55,20 +61,45 @@ class DataPlane:
         self.manager = manager
         self.metrics = metrics
         self.backends = backends
+        self.limiter = limiter or ModelLimiter(metrics)
         self._inference = concurrent.futures.ThreadPoolExecutor(
             inference_threads or available_cores(), thread_name_prefix="inference")
 
     def close(self) -> None:
         self._inference.shutdown(wait=False, cancel_futures=True)
 
+    def _deadline(self, spec: ModelSpec, timeout_s: float | None) -> float:
+        """When the request must have its model (event-loop time): the caller's budget (default: the
+        manager's request timeout), capped by the model's ``timeoutSeconds``."""
+        budget = self.manager.request_timeout_s if timeout_s is None else timeout_s
+        if spec.timeout_seconds is not None:
+            budget = min(budget, spec.timeout_seconds)
+        return asyncio.get_running_loop().time() + budget
+
+    @contextlib.asynccontextmanager
+    async def _model(self, spec: ModelSpec, timeout_s: float | None, timing: RequestTiming) -> AsyncIterator[FrameworkWorker]:
+        """The model's slot (its concurrency limit), then its loaded copy, within the request's deadline."""
+        deadline = self._deadline(spec, timeout_s)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        async with self.limiter.slot(spec, deadline):
+            timing.queue_s += loop.time() - started
+            async with self.manager.use(spec.id, max(deadline - loop.time(), 0.001), timing) as worker:
+                self.metrics.request_started(spec)
+                try:
+                    yield worker
+                finally:
+                    self.metrics.request_ended(spec)
+
     async def predict(self, model_id: str, input_data: Any, timeout_s: float | None = None,
-                      timing: RequestTiming | None = None) -> Any:
+                      timing: RequestTiming | None = None, variant: str | None = None) -> Any:
         """Seed ``/predict``: JSON in, JSON predictions out. `timeout_s` bounds the wait for room
-        and for a load (default: the manager's request timeout)."""
+        and for a load (default: the manager's request timeout); `variant`: the canary version the
+        router chose to answer (``X-Modelplane-Variant``)."""
         timing = timing or RequestTiming()
-        async with self._request(model_id) as outcome:
+        async with self._request(model_id, variant) as outcome:
             spec = outcome.spec
-            async with self.manager.use(spec.id, timeout_s, timing) as worker:
+            async with self._model(spec, timeout_s, timing) as worker:
                 return await self._run(spec, timing, worker.predict, input_data)
 
     async def infer(
@@ -80,25 +111,27 @@ class DataPlane:
         decode: Callable[[], codec.InferRequest],
         timeout_s: float | None = None,
         timing: RequestTiming | None = None,
+        variant: str | None = None,
     ) -> ForwardedResponse:
         """OIP v2 infer. A loaded model whose framework forwards OIP itself (triton) gets the body
         and headers untouched and its answer goes back untouched; otherwise `decode` the body
         (before any load, so a bad body never loads a model), infer, and encode the outputs."""
         timing = timing or RequestTiming()
-        async with self._request(model_name) as outcome:
+        async with self._request(model_name, None if version else variant) as outcome:
             spec = outcome.spec
             check_version(spec, version)
             loaded = self.manager.loaded_worker(spec.id)
-            request = None if loaded is not None and loaded.forwards_infer() else decode()
-            async with self.manager.use(spec.id, timeout_s, timing) as worker:
+            request = None if loaded is not None and loaded.forwards_infer() else await _off_loop(len(body), decode)
+            async with self._model(spec, timeout_s, timing) as worker:
                 if request is None:
                     forwarded = await self._forward(spec, worker, body, headers)
                     if forwarded is not None:
                         outcome.code = forwarded.status
                         return forwarded
-                    request = decode()
+                    request = await _off_loop(len(body), decode)
                 outputs = await self._run(spec, timing, worker.infer, request.inputs, request.parameters)
-            content, content_headers = codec.encode_response(spec.id, timing.version or spec.version, request, outputs)
+            content, content_headers = await _off_loop(_nbytes(outputs), codec.encode_response, spec.variant_of or spec.id,
+                                                       timing.version or spec.version, request, outputs)
             return ForwardedResponse(status=200, headers=content_headers, body=content)
 
     async def metadata(self, model_name: str, version: str | None) -> dict[str, Any]:
@@ -133,14 +166,14 @@ class DataPlane:
         return await asyncio.to_thread(worker.is_ready)
 
     @contextlib.asynccontextmanager
-    async def _request(self, model_id: str) -> AsyncIterator[_Outcome]:
-        """Resolve the spec and record the request's code and latency however it ends
-        (a forwarded answer sets its backend's status as the code)."""
+    async def _request(self, model_id: str, variant: str | None = None) -> AsyncIterator[_Outcome]:
+        """Resolve the spec (the canary version `variant`, when the router chose it) and record the
+        request's code and latency however it ends (a forwarded answer sets its backend's status)."""
         started = time.perf_counter()
         spec: ModelSpec | None = None
         code = 500
         try:
-            spec = self.manager.store.get(model_id)
+            spec = self._resolve(model_id, variant)
             outcome = _Outcome(spec)
             yield outcome
             code = outcome.code
@@ -149,6 +182,18 @@ class DataPlane:
             raise
         finally:
             self.metrics.request_finished(spec, code, time.perf_counter() - started)
+
+    def _resolve(self, model_id: str, variant: str | None) -> ModelSpec:
+        spec = self.manager.store.get(model_id)
+        if not variant or variant == model_id:
+            return spec
+        try:
+            chosen = self.manager.store.get(variant)
+        except errors.ModelNotFound:
+            return spec  # the canary just ended (the router's view lags the store): the model answers
+        if chosen.variant_of != model_id:
+            raise errors.BadInput(f"{wire.VARIANT_HEADER}: {variant!r} is not a version of model {model_id!r}")
+        return chosen
 
     async def _forward(
         self, spec: ModelSpec, worker: FrameworkWorker, body: bytes, headers: Mapping[str, str]
@@ -179,6 +224,22 @@ class DataPlane:
             raise errors.ModelplaneError(f"inference on model {spec.id!r} failed: {type(exc).__name__}: {exc}") from exc
         finally:
             timing.infer_s += time.perf_counter() - started
+
+
+# Bodies larger than this are decoded and encoded on a thread; smaller ones (most requests) take
+# less than the thread hop itself.
+OFF_LOOP_BYTES = 64 * 1024
+
+
+async def _off_loop(size: int, function: Callable[..., Any], *args: Any) -> Any:
+    """Run a codec step on a thread when it is large: the event loop keeps answering probes and status polls."""
+    if size <= OFF_LOOP_BYTES:
+        return function(*args)
+    return await asyncio.to_thread(function, *args)
+
+
+def _nbytes(outputs: Mapping[str, Any]) -> int:
+    return sum(int(getattr(array, "nbytes", 0)) for array in outputs.values())
 
 
 def check_version(spec: ModelSpec, version: str | None) -> None:

@@ -6,13 +6,15 @@ configures pods; a command-line option wins over its variable.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import socket
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 import uvicorn
 from fastapi import FastAPI
@@ -20,6 +22,7 @@ from fastapi import FastAPI
 from modelplane_common import quantity
 from modelplane_common.eviction import DEFAULT_CHURN_GUARD_S, EvictionPolicy
 from modelplane_worker import api, engine, memory
+from modelplane_worker.limits import DEFAULT_MAX_QUEUE as DEFAULT_MAX_MODEL_QUEUE
 from modelplane_worker.backends import Backends
 from modelplane_worker.manager import DEFAULT_MAX_QUEUE, DEFAULT_REQUEST_TIMEOUT_S
 from modelplane_worker.frameworks.base import WorkerContext
@@ -55,6 +58,11 @@ class Settings:
     vllm_device_memory: int | None = None  # None: the first GPU's memory
     vllm_start_timeout_s: float = DEFAULT_START_TIMEOUT_S
     log_level: str = "info"
+    api_token: str = ""  # empty: no auth (standalone, loopback); cluster pods get one from a Secret
+    drain_s: float = 5.0
+    max_model_queue: int = DEFAULT_MAX_MODEL_QUEUE
+    file_roots: tuple[Path, ...] | None = None  # None: any path ("*")
+    triton_backends: frozenset[str] | None = None  # None: any backend ("*")
 
 
 # option -> environment variable
@@ -80,7 +88,15 @@ ENVIRONMENT = {
     "vllm_device_memory": "MODELPLANE_VLLM_DEVICE_MEMORY",
     "vllm_start_timeout_s": "MODELPLANE_VLLM_START_TIMEOUT_S",
     "log_level": "MODELPLANE_LOG_LEVEL",
+    "api_token": "MODELPLANE_API_TOKEN",
+    "drain_s": "MODELPLANE_DRAIN_SECONDS",
+    "max_model_queue": "MODELPLANE_MAX_MODEL_QUEUE",
+    "file_roots": "MODELPLANE_FILE_ROOTS",
+    "triton_backends": "MODELPLANE_TRITON_BACKENDS",
 }
+# The file name the worker keeps in the Triton repository while it runs: the sidecar's preStop
+# hook waits for it to go, so Triton outlives the worker's drain (docs/worker.md, "Shutdown").
+RUNNING_MARKER = ".modelplane-worker-running"
 
 
 def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
@@ -139,6 +155,16 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         help="longest a vllm engine may take to answer /health after it starts",
     )
     parser.add_argument("--log-level", default=default("log_level", "info"))
+    parser.add_argument("--api-token", default=default("api_token", ""),
+                        help="bearer token every endpoint but health probes and /metrics requires; empty: none")
+    parser.add_argument("--drain-seconds", type=float, default=default("drain_s", 5.0),
+                        help="after SIGTERM: report unready and keep serving this long before stopping")
+    parser.add_argument("--max-model-queue", type=int, default=default("max_model_queue", DEFAULT_MAX_MODEL_QUEUE),
+                        help="requests that may wait for a slot of a model's maxConcurrency; past it 429")
+    parser.add_argument("--file-roots", default=default("file_roots", "*"),
+                        help="comma-separated folders file:// sources may name; '*': any; empty: none")
+    parser.add_argument("--triton-backends", default=default("triton_backends", "*"),
+                        help="comma-separated Triton backends triton models may use; '*': any; empty: none")
     return parser
 
 
@@ -179,6 +205,11 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
             vllm_device_memory=quantity.parse_bytes(args.vllm_device_memory) if args.vllm_device_memory else None,
             vllm_start_timeout_s=float(args.vllm_start_timeout_s),
             log_level=args.log_level,
+            api_token=args.api_token.strip(),
+            drain_s=float(args.drain_seconds),
+            max_model_queue=int(args.max_model_queue),
+            file_roots=None if args.file_roots.strip() == "*" else tuple(Path(p) for p in _split(args.file_roots)),
+            triton_backends=None if args.triton_backends.strip() == "*" else frozenset(_split(args.triton_backends)),
         )
     except ValueError as exc:
         parser.error(str(exc))
@@ -227,7 +258,8 @@ def device_memory(device_name: str) -> int:
     return int(psutil.virtual_memory().total)
 
 
-def build_app(settings: Settings, store: ModelStore | None = None) -> FastAPI:
+def build_app(settings: Settings, store: ModelStore | None = None,
+              draining: Callable[[], bool] = lambda: False) -> FastAPI:
     """The whole worker: store, metrics, Triton probe, manager and API, wired together."""
     store = store or JsonModelStore(settings.model_store)
     unknown = [key for key in settings.pinned if key not in store.ids()]
@@ -240,6 +272,8 @@ def build_app(settings: Settings, store: ModelStore | None = None) -> FastAPI:
     backends = Backends([TritonBackend(settings.triton_url, settings.triton_repository), engines])
     context = WorkerContext(
         source_roots=settings.source_roots,
+        file_roots=settings.file_roots,
+        triton_backends=settings.triton_backends,
         backends=backends.by_name(),
         device=device_name,
     )
@@ -261,6 +295,7 @@ def build_app(settings: Settings, store: ModelStore | None = None) -> FastAPI:
     return api.create_app(
         manager, metrics, backends, pod_name=settings.pod_name, max_body_bytes=settings.max_body_bytes,
         prepare=lambda: import_frameworks(store, context), inference_threads=settings.inference_threads,
+        api_token=settings.api_token, max_model_queue=settings.max_model_queue, draining=draining,
     )
 
 
@@ -279,15 +314,65 @@ def import_frameworks(store: ModelStore, context: WorkerContext) -> None:
     memory.freeze_imports()
 
 
+class DrainingServer(uvicorn.Server):
+    """uvicorn that drains on SIGTERM: it reports unready (readiness 503, ``/status`` ready false, so
+    the router and the Service stop sending) and keeps serving for `drain_s`, then stops as uvicorn
+    does (no new connections, requests in flight finish, the lifespan unloads). A second signal
+    stops at once."""
+
+    def __init__(self, config: uvicorn.Config, drain_s: float) -> None:
+        super().__init__(config)
+        self.drain_s = drain_s
+        self.drain_until: float | None = None
+
+    def draining(self) -> bool:
+        return self.drain_until is not None
+
+    def handle_exit(self, sig: int, frame: object) -> None:
+        if self.drain_until is not None or self.drain_s <= 0:
+            super().handle_exit(sig, frame)
+            self._captured_signals.clear()  # exit normally (uvicorn would re-raise it): the marker must go last
+            return
+        self.drain_until = time.monotonic() + self.drain_s
+        log.info("signal %d: draining for %.1fs (unready, still serving), then stopping", sig, self.drain_s)
+
+    async def on_tick(self, counter: int) -> bool:
+        if self.drain_until is not None and time.monotonic() >= self.drain_until:
+            self.should_exit = True
+        return await super().on_tick(counter)
+
+
+@contextlib.contextmanager
+def running_marker(settings: Settings) -> Iterator[None]:
+    """Keep RUNNING_MARKER in the Triton repository while the worker runs (see its comment)."""
+    marker = settings.triton_repository / RUNNING_MARKER
+    if not settings.triton_url:
+        yield
+        return
+    with contextlib.suppress(OSError):
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text(str(os.getpid()))
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            marker.unlink()
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     settings = parse_settings(sys.argv[1:] if argv is None else argv, os.environ)
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    server: DrainingServer | None = None
     try:
-        app = build_app(settings)
+        app = build_app(settings, draining=lambda: server is not None and server.draining())
     except ValueError as exc:
         sys.exit(f"modelplane-worker: {exc}")
     log.info("worker %s on %s:%d", settings.pod_name, settings.host, settings.port)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(), timeout_graceful_shutdown=10)
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
+                            timeout_graceful_shutdown=10)
+    server = DrainingServer(config, settings.drain_s)
+    with running_marker(settings):
+        server.run()
 
 
 if __name__ == "__main__":

@@ -641,16 +641,25 @@ class ModelManager:
 
     def roll_stale_copies(self) -> list[str]:
         """Start a rollout for every ready copy whose spec changed in a way that alters what is
-        loaded (``ModelSpec.load_key``); the ids started. Also done on each request."""
+        loaded (``ModelSpec.load_key``), and unload idle copies of models that left the store; the
+        ids whose rollout started. Also done on each request (rollouts only)."""
         started = []
         for key, copy in list(self._copies.items()):
             try:
                 spec = self.store.get(key)
             except errors.ModelNotFound:
+                self._retire(copy)
                 continue
             if copy.state is CopyState.READY and self._roll_if_stale(copy, spec):
                 started.append(key)
         return started
+
+    def _retire(self, copy: _Copy) -> None:
+        """A copy whose model left the store (a canary that ended, a deleted ServedModel) can never
+        be loaded again: unload it once it is idle instead of waiting for an eviction."""
+        if copy.state is CopyState.READY and copy.inflight == 0 and copy.queued == 0 and not self.is_pinned(copy.spec.id):
+            log.info("unloading %s: it left the model store", copy.spec.id)
+            self._begin_unload(copy, evicted=False)
 
     def _roll_if_stale(self, copy: _Copy, spec: ModelSpec) -> bool:
         """If `copy` holds other weights than `spec` declares, load `spec` beside it; it keeps serving

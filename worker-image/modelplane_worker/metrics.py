@@ -64,11 +64,29 @@ class WorkerMetrics:
                                      model_labels, registry=self.registry)
         self.output_tokens = Counter(names.OUTPUT_TOKENS_TOTAL, "Generated tokens (rate(): tokens per second)",
                                      model_labels, registry=self.registry)
+        self.inflight = Gauge(names.INFLIGHT_REQUESTS, "Inference requests being served now", model_labels, registry=self.registry)
+        self.model_queued = Gauge(
+            names.MODEL_QUEUED_REQUESTS, "Requests waiting for a slot of the model's maxConcurrency", model_labels,
+            registry=self.registry,
+        )
         self.budget.labels(pod).set(memory_budget)
         self.used.labels(pod).set(0)
 
     def _labels(self, spec: ModelSpec) -> tuple[str, str, str]:
         return spec.id, spec.framework.value, self.pod
+
+    def request_started(self, spec: ModelSpec) -> None:
+        self.inflight.labels(*self._labels(spec)).inc()
+
+    def request_ended(self, spec: ModelSpec) -> None:
+        self.inflight.labels(*self._labels(spec)).dec()
+
+    # LimitObserver
+    def concurrency_queue(self, spec: ModelSpec, waiting: int) -> None:
+        self.model_queued.labels(*self._labels(spec)).set(waiting)
+
+    def refused(self, spec: ModelSpec, reason: str) -> None:
+        self.refusals.labels(*self._labels(spec), reason).inc()
 
     def request_finished(self, spec: ModelSpec | None, code: int, seconds: float) -> None:
         model, framework = (spec.id, spec.framework.value) if spec else (UNKNOWN_MODEL, "")

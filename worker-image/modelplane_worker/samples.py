@@ -379,6 +379,9 @@ def build_iris(folder: Path, name: str = "iris") -> None:
 SAMPLES: list[Sample] = [
     Sample("sentiment", "transformers", "text-classification", "nlp",
            "Tiny BERT sentiment classifier (trained for seconds on templated sentences): negative/positive.", build_sentiment),
+    Sample("sentiment-v2", "transformers", "text-classification", "nlp",
+           "The sentiment classifier's next version (trained half as long): for canary and rollout demos.",
+           lambda folder: build_sentiment(folder, steps=40)),
     Sample("mini-embed", "transformers", "embedding", "nlp",
            "Tiny BERT sentence encoder, mean pooled and normalised (untrained: random weights, fixed seed).", build_embedding),
     Sample("colors", "torchvision", "image-classification", "vision",

@@ -18,7 +18,7 @@ from typing import Any, Iterable
 import pydantic
 
 from modelplane_common import errors
-from modelplane_common.spec import ModelSpec, Task
+from modelplane_common.spec import ModelSpec, Task, with_variants
 
 log = logging.getLogger(__name__)
 
@@ -59,12 +59,18 @@ class MemoryModelStore(ModelStore):
             return [self._specs[key] for key in sorted(self._specs)]
 
     def put(self, spec: ModelSpec) -> None:
+        """Add or replace `spec`, and its canary version (a model of its own) in step with it."""
         with self._lock:
-            self._specs[spec.id] = spec
+            for key in [k for k, other in self._specs.items() if other.variant_of == spec.id]:
+                del self._specs[key]
+            for entry in with_variants([spec]):
+                self._specs[entry.id] = entry
 
     def remove(self, model_id: str) -> None:
         with self._lock:
             self._specs.pop(model_id, None)
+            for key in [k for k, other in self._specs.items() if other.variant_of == model_id]:
+                del self._specs[key]
 
 
 class JsonModelStore(MemoryModelStore):
@@ -97,7 +103,7 @@ class JsonModelStore(MemoryModelStore):
             log.warning("model store %s changed but does not parse; keeping the previous catalog: %s", self.path, exc)
             return
         with self._lock:
-            self._specs = {spec.id: spec for spec in specs}
+            self._specs = {spec.id: spec for spec in with_variants(specs)}
             self._seen = seen
 
     def get(self, model_id: str) -> ModelSpec:
@@ -141,6 +147,9 @@ def parse_entry(entry: Any, index: int, path: Path) -> ModelSpec:
         fields["source"] = fields["source"].get("uri", "")
     if isinstance(fields.get("source"), str):
         fields["source"] = resolve_relative_source(fields["source"], path.parent)
+    canary = (fields.get("rollout") or {}).get("canary") if isinstance(fields.get("rollout"), dict) else None
+    if isinstance(canary, dict) and isinstance(canary.get("source"), str):
+        fields["rollout"] = {**fields["rollout"], "canary": {**canary, "source": resolve_relative_source(canary["source"], path.parent)}}
     try:
         return ModelSpec.model_validate(fields)
     except pydantic.ValidationError as exc:

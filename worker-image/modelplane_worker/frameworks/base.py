@@ -25,6 +25,11 @@ class WorkerContext:
     """What a framework worker may need from its pod, injected (never read from globals)."""
 
     source_roots: dict[str, Path] = field(default_factory=dict)  # pvc claim name -> mount path
+    # Folders file:// sources may name (cluster mode); None: any path (sources.py).
+    file_roots: tuple[Path, ...] | None = None
+    # Triton backends a triton model's config may ask for (cluster mode; the Python backend runs
+    # the model's own code); None: any (triton_worker.check_backend).
+    triton_backends: frozenset[str] | None = None
     # Servers outside this process by name (backends.Backend), e.g. "triton": the pod's sidecar,
     # which the triton worker stages into, loads in and infers with.
     backends: Mapping[str, Any] = field(default_factory=dict)

@@ -4,23 +4,33 @@ Only schemes a pod can read offline exist: ``file:///abs/path`` and
 ``pvc://claim/sub/path`` (a PersistentVolumeClaim mounted into the pod at a
 folder named by ``WorkerContext.source_roots``). A source can never point
 outside its root, however its path is spelled.
+
+``file://`` reads the pod's own filesystem. In cluster mode the worker gets
+the folders a ``file://`` source may name (``WorkerContext.file_roots``,
+``--file-roots``): anything else, such as the service-account token's mount
+or /proc, is refused (403) after resolving symlinks. None means any path
+(standalone use on one's own machine).
 """
 from __future__ import annotations
 
 from pathlib import Path, PurePosixPath
+from typing import Sequence
 from urllib.parse import unquote
 
 from modelplane_common import errors
 
 
-def resolve(uri: str, source_roots: dict[str, Path]) -> Path:
-    """Return the existing local path of `uri`; ModelLoadFailed names what is wrong."""
+def resolve(uri: str, source_roots: dict[str, Path], file_roots: Sequence[Path] | None = None) -> Path:
+    """Return the existing local path of `uri`; ModelLoadFailed names what is wrong, Forbidden
+    a ``file://`` path outside `file_roots` (None: any path)."""
     scheme, sep, rest = uri.partition("://")
     if not sep:
         raise errors.ModelLoadFailed(f"source {uri!r} has no scheme; expected file:// or pvc://")
     rest = unquote(rest)
     if scheme == "file":
         path = _file_path(uri, rest)
+        if file_roots is not None:
+            _refuse_outside(uri, path, file_roots)
     elif scheme == "pvc":
         path = _pvc_path(uri, rest, source_roots)
     else:
@@ -45,6 +55,17 @@ def _file_path(uri: str, rest: str) -> Path:
         raise errors.ModelLoadFailed(f"file source {uri!r} must be an absolute path (file:///abs/path)")
     _refuse_traversal(uri, rest)
     return Path(rest)
+
+
+def _refuse_outside(uri: str, path: Path, file_roots: Sequence[Path]) -> None:
+    """A file:// source must resolve (symlinks followed) inside one of the declared roots."""
+    real = path.resolve()
+    for root in file_roots:
+        root = Path(root).resolve()
+        if real == root or root in real.parents:
+            return
+    allowed = ", ".join(str(root) for root in file_roots) or "none (use pvc:// sources)"
+    raise errors.Forbidden(f"source {uri!r} is outside the folders this worker may read file:// sources from: {allowed}")
 
 
 def _pvc_path(uri: str, rest: str, source_roots: dict[str, Path]) -> Path:

@@ -11,7 +11,6 @@ infer takes instead of it.
 """
 from __future__ import annotations
 
-import weakref
 import base64
 import binascii
 import io
@@ -35,6 +34,9 @@ IMAGE_INPUT = "image"
 PROBABILITIES_OUTPUT = "probabilities"
 # A small compressed file can decode to gigabytes (a "decompression bomb"): refuse before decoding.
 MAX_IMAGE_PIXELS = 40_000_000
+# All the images of one request together (each decode costs CPU in proportion to its pixels):
+# without it one request could ask for 256 images of 40 Mpx, minutes of decoding.
+MAX_REQUEST_PIXELS = 64_000_000
 
 
 @dataclass(frozen=True)
@@ -86,7 +88,7 @@ class TorchvisionWorker(FrameworkWorker):
     def declared_tensors(cls, spec: Any, context: Any) -> tuple[list[TensorSpec], list[TensorSpec]]:
         """From model.json: the image size and the labels."""
         described = cls(spec, context)
-        described._description = ImageModelDescription.read(sources.resolve(spec.source, context.source_roots) / DESCRIPTION_FILE)
+        described._description = ImageModelDescription.read(sources.resolve(spec.source, context.source_roots, context.file_roots) / DESCRIPTION_FILE)
         return described.inputs(), described.outputs()
 
     @classmethod
@@ -97,7 +99,7 @@ class TorchvisionWorker(FrameworkWorker):
         import torchvision  # noqa: F401
 
     def load(self) -> None:
-        folder = sources.resolve(self.spec.source, self.context.source_roots)
+        folder = sources.resolve(self.spec.source, self.context.source_roots, self.context.file_roots)
         description = ImageModelDescription.read(folder / DESCRIPTION_FILE)
         import torch
         import torchvision
@@ -163,11 +165,8 @@ class TorchvisionWorker(FrameworkWorker):
         description = self.description
         try:
             with Image.open(io.BytesIO(encoded)) as image:  # reads the header only
-                width, height = image.size
-                if width * height > MAX_IMAGE_PIXELS:
-                    raise errors.BadInput(
-                        f"image of {width}x{height} pixels exceeds the limit of {MAX_IMAGE_PIXELS} pixels"
-                    )
+                # JPEG decodes straight at 1/2, 1/4 or 1/8 scale when that is still larger than the target.
+                image.draft("RGB", (description.width, description.height))
                 rgb = image.convert("RGB").resize((description.width, description.height), Image.Resampling.BILINEAR)
         except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as exc:
             raise errors.BadInput(f"cannot decode image ({len(encoded)} bytes): {exc}") from exc
@@ -177,6 +176,7 @@ class TorchvisionWorker(FrameworkWorker):
 
     def _images_to_batch(self, images: list[bytes]) -> np.ndarray:
         torch_common.check_batch_size(len(images), "image list")
+        check_pixels(images)  # every header first: refuse before decoding any of them
         return np.stack([self._preprocess(image) for image in images])
 
     def predict(self, input_data: Any) -> Any:
@@ -236,6 +236,26 @@ class TorchvisionWorker(FrameworkWorker):
 
     def is_ready(self) -> bool:
         return self._model is not None
+
+
+def check_pixels(images: list[bytes]) -> None:
+    """Read each image's header (not its pixels) and refuse (400) one over MAX_IMAGE_PIXELS, or a
+    request whose images add up to more than MAX_REQUEST_PIXELS."""
+    from PIL import Image, UnidentifiedImageError
+
+    total = 0
+    for index, encoded in enumerate(images):
+        try:
+            with Image.open(io.BytesIO(encoded)) as image:
+                width, height = image.size
+        except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as exc:
+            raise errors.BadInput(f"cannot decode image {index} ({len(encoded)} bytes): {exc}") from exc
+        if width * height > MAX_IMAGE_PIXELS:
+            raise errors.BadInput(f"image {index} of {width}x{height} pixels exceeds the limit of {MAX_IMAGE_PIXELS} pixels")
+        total += width * height
+    if total > MAX_REQUEST_PIXELS:
+        raise errors.BadInput(f"the request's {len(images)} images hold {total} pixels together; "
+                              f"at most {MAX_REQUEST_PIXELS} per request (send fewer or smaller images)")
 
 
 def _from_base64(text: str) -> bytes:

@@ -32,6 +32,11 @@ GENERATED_OUTPUT = "text_output"
 SUPPORTED_TASKS = (Task.TEXT_CLASSIFICATION, Task.EMBEDDING, Task.TEXT_GENERATION)
 # /predict and OIP infer on a text-generation model: a greedy continuation of this many tokens at most.
 PREDICT_MAX_TOKENS = 32
+# A token covers about four characters of ordinary text; the model keeps only `max_length`
+# tokens, so a text is cut to this many characters per token before tokenizing. Otherwise a
+# 1 MiB text is tokenized whole (about a second per MiB, under the model's tokenizer lock, with
+# hundreds of MB of token objects) only for all but its start to be dropped.
+CHARS_PER_TOKEN = 8
 
 
 @engine.register("transformers")
@@ -78,7 +83,7 @@ class TransformersWorker(FrameworkWorker):
     @classmethod
     def declared_tensors(cls, spec: Any, context: Any) -> tuple[list[TensorSpec], list[TensorSpec]]:
         """From config.json: the number of labels, or the embedding width."""
-        config = json.loads((sources.resolve(spec.source, context.source_roots) / "config.json").read_text())
+        config = json.loads((sources.resolve(spec.source, context.source_roots, context.file_roots) / "config.json").read_text())
         described = cls(spec, context)
         if Task(spec.task) == Task.TEXT_CLASSIFICATION:
             described._width = len(config.get("id2label") or {}) or int(config.get("num_labels", 2))
@@ -98,7 +103,7 @@ class TransformersWorker(FrameworkWorker):
             raise errors.ModelLoadFailed(
                 f"model {self.spec.id!r}: the transformers worker serves tasks {supported}, not {self.task.value!r}"
             )
-        folder = sources.resolve(self.spec.source, self.context.source_roots)
+        folder = sources.resolve(self.spec.source, self.context.source_roots, self.context.file_roots)
         self.prepare()
         from transformers import AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
@@ -141,6 +146,8 @@ class TransformersWorker(FrameworkWorker):
         torch_common.check_batch_size(len(texts), "input text list")
         import torch
 
+        limit = self._max_length * CHARS_PER_TOKEN
+        texts = [text[:limit] for text in texts]
         with self._tokenizer_lock:
             batch = self._tokenizer(texts, padding=True, truncation=True, max_length=self._max_length,
                                     return_tensors="pt")

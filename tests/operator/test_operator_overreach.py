@@ -1,0 +1,63 @@
+"""The operator touches only what it owns, and its aggregate objects stay bounded
+(the real API server and controller-manager, the real operator in a thread)."""
+from __future__ import annotations
+
+from modelplane_common import labels
+from modelplane_common.spec import ModelSpec
+from modelplane_operator import validation, workloads
+from modelplane_testing.operator_harness import Cluster, operator_config, running_operator, served_model, wait_for
+
+FOREIGN = {"app": "someone-elses"}
+
+
+def foreign_deployment(name: str) -> dict:
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "labels": FOREIGN},
+            "spec": {"replicas": 1, "selector": {"matchLabels": FOREIGN}, "template": {
+                "metadata": {"labels": FOREIGN}, "spec": {"containers": [{"name": "app", "image": "registry.example/app:1"}]}}}}
+
+
+def test_a_deployment_it_does_not_own_is_never_applied_nor_deleted(cluster: Cluster) -> None:
+    config = operator_config(cluster.namespace)
+    cluster.apply(foreign_deployment("mine-dedicated"))
+    cluster.apply(foreign_deployment("other-dedicated"))
+    before = {name: cluster.get("deployment", name)["metadata"]["resourceVersion"] for name in ("mine-dedicated", "other-dedicated")}
+    with running_operator(config):
+        cluster.apply(served_model("mine", placement="dedicated", replicas={"min": 1, "max": 1}, memory="1Gi"))
+        cluster.apply(served_model("other", memory="1Gi"))  # shared: the old code deleted other-dedicated
+        refused = wait_for(lambda: cluster.condition("mine", "Accepted"), "Accepted on mine")
+        assert (refused["status"], refused["reason"]) == ("False", "InvalidSpec")
+        assert "Deployment mine-dedicated exists and is not owned" in refused["message"]
+        wait_for(lambda: (cluster.condition("other", "Accepted") or {}).get("status") == "True", "other accepted")
+    after = {name: (cluster.get("deployment", name) or {}).get("metadata", {}).get("resourceVersion") for name in before}
+    assert after == before
+
+
+def test_the_shared_pool_gets_a_disruption_budget(cluster: Cluster) -> None:
+    config = operator_config(cluster.namespace)
+    with running_operator(config):
+        budget = wait_for(lambda: cluster.get("poddisruptionbudget", config.pool_name), "the pool's PDB")
+    assert budget["spec"]["maxUnavailable"] == 1
+    assert budget["spec"]["selector"]["matchLabels"][labels.POOL] == labels.SHARED_POOL
+
+
+def items(*models: dict) -> list[dict]:
+    return [{**m, "metadata": {**m["metadata"], "creationTimestamp": f"2026-11-30T00:00:{i:02d}Z"}} for i, m in enumerate(models)]
+
+
+def test_dedicated_groups_past_the_cap_are_refused_oldest_first() -> None:
+    config = operator_config("ns", max_dedicated_pods=3)
+    models = items(*(served_model(f"d{i}", placement="dedicated", replicas={"min": 2, "max": 2}, memory="1Gi") for i in range(3)))
+    refused = validation.over_the_caps(models, config)
+    assert sorted(refused) == ["d1", "d2"]
+    assert "cap is 3" in refused["d1"].message
+
+
+def test_the_model_store_stays_under_its_bound_and_carries_no_registry_fields() -> None:
+    config = operator_config("ns", max_store_bytes=4096)
+    labelled = {f"k{i}": "v" * 200 for i in range(32)}
+    models = items(*(served_model(f"m{i}", memory="1Gi", labels=labelled, description="d" * 1000) for i in range(20)))
+    refused = validation.over_the_caps(models, config)
+    assert refused and "the model store is full" in next(iter(refused.values())).message
+    accepted = [ModelSpec.from_served_model(m) for m in models if m["metadata"]["name"] not in refused]
+    document = workloads.build_model_store_configmap(accepted, config)["data"]["models.json"]
+    assert len(document) <= 4096 and "k0" not in document

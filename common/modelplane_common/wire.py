@@ -7,13 +7,32 @@ types of ours.
 from __future__ import annotations
 
 import enum
+import math
 from typing import Any
 
 from pydantic import BaseModel, Field
 
+from modelplane_common import errors
+
 # A caller's time budget for one request, in seconds (decimal): how long a worker may let it wait
 # for room and for its model's load. The router sends what is left of its own request timeout.
 TIMEOUT_HEADER = "x-modelplane-timeout"
+
+
+def parse_timeout(value: str | None) -> float | None:
+    """A ``TIMEOUT_HEADER`` value in seconds; None when absent. Router and workers read it alike:
+    anything but a positive finite number is the caller's mistake (400), never a silent default."""
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise errors.BadInput(f"{TIMEOUT_HEADER} must be a positive number of seconds, got {value!r}")
+    return seconds
+
+
 # Router -> worker: the canary version (its variant id) chosen to answer a request for its model.
 VARIANT_HEADER = "x-modelplane-variant"
 # On every inference answer: the version of the copy that computed it (during a rollout, the old

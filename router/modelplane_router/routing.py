@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import random
 import time
 from typing import Awaitable, Callable, Mapping
 
 from modelplane_common import errors
 from modelplane_common.quantity import format_bytes
-from modelplane_common.wire import TIMEOUT_HEADER, VARIANT_HEADER, CopyState
+from modelplane_common.wire import TIMEOUT_HEADER, VARIANT_HEADER, CopyState, parse_timeout
 from modelplane_router import placement, prefix_routing
 from modelplane_router.model_map import ModelMap
 from modelplane_router.pod_waiter import PodWaiter
@@ -96,16 +95,8 @@ class Router:
     def deadline(self, headers: Mapping[str, str] | None = None) -> float:
         """When a request must be answered (event-loop time): the router's request timeout, or the
         caller's shorter ``X-Modelplane-Timeout``."""
-        budget = self.request_timeout_s
-        asked = (headers or {}).get(TIMEOUT_HEADER)
-        if asked is not None:
-            try:
-                seconds = float(asked)
-            except ValueError:
-                seconds = math.nan
-            if not math.isfinite(seconds) or seconds <= 0:
-                raise errors.BadInput(f"{TIMEOUT_HEADER} must be a positive number of seconds, got {asked!r}")
-            budget = min(budget, seconds)
+        asked = parse_timeout((headers or {}).get(TIMEOUT_HEADER))
+        budget = self.request_timeout_s if asked is None else min(self.request_timeout_s, asked)
         return asyncio.get_running_loop().time() + budget
 
     def time_left(self, deadline: float) -> float:

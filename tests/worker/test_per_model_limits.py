@@ -61,3 +61,15 @@ def test_timeout_seconds_caps_the_deadline_with_503_and_retry_after(worker) -> N
     answer = worker.post("/predict", json={"model_id": "late", "input_data": [1.0]}, headers={"X-Modelplane-Timeout": "30"})
     assert answer.status_code == 503, answer.text
     assert "deadline" in answer.json()["error"] and "Retry-After" in answer.headers
+
+
+@pytest.mark.parametrize("value", ["soon", "0", "-1", "nan", "inf"])
+def test_a_timeout_header_that_is_not_a_positive_number_is_refused_and_names_the_header(worker, value) -> None:
+    answer = worker.post("/predict", json={"model_id": "fast", "input_data": [1.0]},
+                         headers={"X-Modelplane-Timeout": value})
+    assert answer.status_code == 400
+    assert "x-modelplane-timeout must be a positive number of seconds" in answer.text
+    assert value in answer.text
+    served = worker.post("/predict", json={"model_id": "fast", "input_data": [1.0]},
+                         headers={"X-Modelplane-Timeout": "2.5"})
+    assert served.status_code == 200, served.text  # the next request, with a good budget, is served

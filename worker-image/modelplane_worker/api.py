@@ -34,7 +34,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import math
 from typing import Any, AsyncIterator, Callable
 
 import pydantic
@@ -277,16 +276,7 @@ async def _prepare_then_set(prepare: Callable[[], None] | None, done: asyncio.Ev
 
 def timeout_of(request: Request) -> float | None:
     """The caller's time budget (``X-Modelplane-Timeout``, seconds); None: the worker's default."""
-    value = request.headers.get(wire.TIMEOUT_HEADER)
-    if value is None:
-        return None
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = math.nan
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise errors.BadInput(f"{wire.TIMEOUT_HEADER} must be a positive number of seconds, got {value!r}")
-    return seconds
+    return wire.parse_timeout(request.headers.get(wire.TIMEOUT_HEADER))
 
 
 def parse_json_model(model: type[pydantic.BaseModel], raw: bytes) -> Any:

@@ -21,7 +21,7 @@ import asyncio
 import logging
 import random
 import time
-from typing import Awaitable, Callable, Mapping
+from typing import Any, Awaitable, Callable, Mapping, TypeVar
 
 from modelplane_common import errors
 from modelplane_common.quantity import format_bytes
@@ -40,6 +40,7 @@ MAX_RETRY_S = 60.0
 log = logging.getLogger(__name__)
 
 LimitsLookup = Callable[[str], ModelLimits]
+Answer = TypeVar("Answer", UpstreamResponse, UpstreamStream)  # what one attempt at a pod returns
 
 
 class Router:
@@ -214,30 +215,44 @@ class Router:
         deadline = self.deadline(headers)
         if load:
             await self.hold_for_pod(model, deadline)
-        if load and "/versions/" not in path:  # a request that names a version gets that version
-            chosen = self.choose_variant(model)
-            if chosen != model:
-                model, headers = chosen, {**headers, VARIANT_HEADER: chosen}
+            if "/versions/" not in path:  # a request that names a version gets that version
+                model, headers = self.with_variant(model, headers)
+
+        async def attempt(url: str, cold: bool) -> UpstreamResponse | None:
+            return await self._try(url, model, method, path, body, headers, deadline, cold and load)
+
+        return await self._with_one_retry(model, deadline, lambda tried: self._target(model, tried, load), attempt)
+
+    async def _with_one_retry(self, model: str, deadline: float, target: Callable[[list[str]], tuple[str, Any] | None],
+                              attempt: Callable[[str, Any], Awaitable[Answer | None]],
+                              discard: Callable[[Answer], None] = lambda _: None) -> Answer:
+        """Try `model`'s next target (`target(tried)`: (url, what the attempt needs), None: nowhere
+        left), and once more elsewhere if the pod did not answer or answered 5xx, within `deadline`.
+        A 5xx with no other copy to try is the answer; an answer replaced by a later one is
+        `discard`ed (a stream's is closed)."""
         tried: list[str] = []
-        response: UpstreamResponse | None = None
-        for attempt in range(2):
-            target = self._target(model, tried, load)
-            if target is None:
+        kept: Answer | None = None
+        for number in range(2):
+            found = target(tried)
+            if found is None:
                 break
-            url, cold = target
-            if attempt == 0:
+            url, needs = found
+            if number == 0:
                 self.policy.record_request(model)  # only known models: unknown names must not grow the policy's table
             else:
                 self.metrics.retries.labels(model).inc()
-            answer = await self._try(url, model, method, path, body, headers, deadline, cold and load)
-            response = answer or response
-            if answer is not None and answer.status_code < 500:
-                return answer
+            answer = await attempt(url, needs)
+            if answer is not None:
+                if kept is not None:
+                    discard(kept)
+                if answer.status_code < 500:
+                    return answer
+                kept = answer
             tried.append(url)
             if self.time_left(deadline) <= 0:
                 break
-        if response is not None:
-            return response  # a 5xx with no other copy to try: the worker's answer stands
+        if kept is not None:
+            return kept  # a 5xx with no other copy to try: the worker's answer stands
         raise errors.BackendUnavailable(f"no ready copy of {model!r} answered", self.retry_after_s)
 
     async def hold_for_pod(self, model: str, deadline: float) -> None:
@@ -245,6 +260,11 @@ class Router:
         (pod_waiter.py); at once otherwise, and always in standalone mode."""
         if self.pod_waiter is not None:
             await self.pod_waiter.wait(model, deadline)
+
+    def with_variant(self, model: str, headers: Mapping[str, str]) -> tuple[str, Mapping[str, str]]:
+        """The model (or canary version) this request goes to, and the headers that tell the worker."""
+        chosen = self.choose_variant(model)
+        return (model, headers) if chosen == model else (chosen, {**headers, VARIANT_HEADER: chosen})
 
     def choose_variant(self, model: str) -> str:
         """`model`, or its canary version for the canary's weight in percent of the requests."""
@@ -318,32 +338,12 @@ class Router:
         answer starts costs one retry elsewhere; once an answer streams, it is the answer."""
         deadline = self.deadline(headers)
         await self.hold_for_pod(model, deadline)
-        tried: list[str] = []
-        refused: UpstreamStream | None = None
-        for attempt in range(2):
-            target = self._stream_target(model, tried, prefix, base)
-            if target is None:
-                break
-            url, loads = target
-            if attempt == 0:
-                self.policy.record_request(model)
-            else:
-                self.metrics.retries.labels(model).inc()
-            answer = await self._open(url, model, method, path, body, headers, deadline, loads)
-            if answer is not None and answer.status_code < 500:
-                if refused is not None:
-                    refused.close()
-                return answer
-            if answer is not None:
-                if refused is not None:
-                    refused.close()
-                refused = answer
-            tried.append(url)
-            if self.time_left(deadline) <= 0:
-                break
-        if refused is not None:
-            return refused  # a 5xx with no other copy to try: the worker's answer stands
-        raise errors.BackendUnavailable(f"no ready copy of {model!r} answered", self.retry_after_s)
+
+        async def attempt(url: str, loads: tuple[str, ...]) -> UpstreamStream | None:
+            return await self._open(url, model, method, path, body, headers, deadline, loads)
+
+        return await self._with_one_retry(model, deadline, lambda tried: self._stream_target(model, tried, prefix, base),
+                                          attempt, discard=lambda stream: stream.close())
 
     def _stream_target(self, model: str, tried: list[str], prefix: str, base: str) -> tuple[str, tuple[str, ...]] | None:
         """(url, models this request loads there); None: nowhere left to try."""

@@ -95,7 +95,10 @@ def decide(entries: Iterable[ModelEntry], quotas: Mapping[str, Sequence[Quota]],
     """Judge every model that is not being deleted, in creation order (then namespace, name)."""
     result = Admission()
     owners: dict[str, str] = {}  # model name -> the namespace it is served from
-    alive = sorted((e for e in entries if not e.deleting), key=lambda e: (e.created, e.namespace, e.name))
+    # creationTimestamp has whole seconds: within one, a model already accepted keeps its place
+    # (a newcomer must never take a served model's name or quota).
+    alive = sorted((e for e in entries if not e.deleting),
+                   key=lambda e: (e.created, not e.incumbent, e.namespace, e.name))
     caps = Caps(config, len(alive))
     for entry in alive:
         result.decisions[entry.key] = decision = _decide_one(entry, owners, quotas, result.usage, config)

@@ -28,6 +28,7 @@ class ModelEntry:
     problems: tuple[validation.Problem, ...]  # what validation found (empty: valid)
     wanted_at: float = 0.0  # unix seconds a request last waited for a pod of it (the router's annotation)
     deleting: bool = False
+    incumbent: bool = False  # Accepted=True now: wins a tie on creationTimestamp (whole seconds)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -52,6 +53,11 @@ def _wanted_at(annotations: Mapping[str, str]) -> float:
         return 0.0
 
 
+def _accepted_now(body: Mapping[str, Any]) -> bool:
+    found = (body.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Accepted" and c.get("status") == "True" for c in found)
+
+
 def model_entry(body: Mapping[str, Any], config: OperatorConfig) -> ModelEntry:
     """The index entry of one ServedModel body (validation needs the operator's settings)."""
     meta = body.get("metadata") or {}
@@ -59,7 +65,8 @@ def model_entry(body: Mapping[str, Any], config: OperatorConfig) -> ModelEntry:
     return ModelEntry(
         namespace=str(meta.get("namespace", "")), name=str(meta.get("name", "")), uid=str(meta.get("uid", "")),
         created=str(meta.get("creationTimestamp", "")), spec=verdict.spec, problems=verdict.problems,
-        wanted_at=_wanted_at(meta.get("annotations") or {}), deleting=bool(meta.get("deletionTimestamp")))
+        wanted_at=_wanted_at(meta.get("annotations") or {}), deleting=bool(meta.get("deletionTimestamp")),
+        incumbent=_accepted_now(body))
 
 
 def quota_entry(body: Mapping[str, Any]) -> Quota:

@@ -61,3 +61,16 @@ def test_a_deleted_model_frees_its_quota():
     assert not admission.decide([first, second], quota, CONFIG).decisions[("t", "second")].accepted
     gone = ModelEntry(**{**first.__dict__, "deleting": True})
     assert admission.decide([gone, second], quota, CONFIG).decisions[("t", "second")].accepted
+
+
+def test_within_one_second_the_model_already_accepted_keeps_its_name():
+    """creationTimestamp has whole seconds: a newcomer created in the same second as a served model,
+    from a namespace that sorts first, must not take the served model's name."""
+    served = entry("team-z", "sentiment", "2026-01-01T00:00:05Z")
+    served = ModelEntry(**{**served.__dict__, "incumbent": True})
+    newcomer = entry("team-a", "sentiment", "2026-01-01T00:00:05Z")
+    decided = admission.decide([newcomer, served], {}, CONFIG)
+    assert decided.decisions[("team-z", "sentiment")].accepted
+    refusal = decided.decisions[("team-a", "sentiment")]
+    assert (refusal.accepted, refusal.reason) == (False, "NameConflict")
+    assert "already served from namespace 'team-z'" in refusal.message

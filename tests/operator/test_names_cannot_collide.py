@@ -58,7 +58,7 @@ def test_the_operator_refuses_a_reserved_name_and_the_pool_keeps_its_catalog(crd
         store = cluster.get("configmap", config.model_store_configmap)["data"]
         assert set(store) == {"models.json"} and '"small"' in store["models.json"]  # the pool's catalog is intact
         assert cluster.get("deployment", "shared-dedicated") is None
-        pool = cluster.get("deployment", config.pool_name)
+        pool = wait_for(lambda: cluster.get("deployment", config.pool_name), "the pool's Deployment (the pool loop's)")
         assert pool["spec"]["selector"]["matchLabels"][labels.POOL] == labels.SHARED_POOL
         for name in ("shared", "small"):  # gone while the operator runs, so its finalizer goes too
             cluster.kubectl("delete", "servedmodel", name, "--wait=true", "--timeout=60s")

@@ -11,6 +11,7 @@ scheduler, the operator and router commands, and worker processes run for the po
 from __future__ import annotations
 
 import concurrent.futures
+import threading
 import time
 from pathlib import Path
 
@@ -37,14 +38,31 @@ def test_the_pool_grows_to_fit_waiting_requests_then_drains_back_to_its_minimum(
             stack.apply(served_model(name, 60, idle_s=4))
         stack.wait_for(lambda: len(pool_pods(stack)) == 1, "the pool's one pod running")
 
-        # Four models wanted at once where one fits: requests queue for room, the pool grows.
-        with httpx.Client() as client, concurrent.futures.ThreadPoolExecutor(8) as pool:
-            answers = list(pool.map(lambda i: stack.predict(client, "abcd"[i % 4]).status_code, range(64)))
-        assert answers == [200] * 64
-        grown = stack.wait_for(lambda: (p := stack.pool()).get("status", {}).get("desiredReplicas", 0) >= 2 and p,
-                               "the WorkerPool asking for more pods")
-        assert grown["spec"]["replicas"] >= 2 and "wanted copies" in grown["status"]["reason"]
-        stack.wait_for(lambda: len(pool_pods(stack)) == 4, "four pods, one per model", timeout=90)
+        # Four models wanted at once where one fits: requests queue for room, the pool grows. The
+        # clients keep asking until it has grown (the models stay wanted only idleSeconds after their
+        # last request), and every answer is counted.
+        grown_enough = threading.Event()
+        answers: list[int] = []
+
+        def client_loop(offset: int) -> None:
+            with httpx.Client() as client:
+                i = offset
+                while not grown_enough.is_set() or i < offset + 8:
+                    answers.append(stack.predict(client, "abcd"[i % 4]).status_code)
+                    i += 1
+
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            clients = [pool.submit(client_loop, n) for n in range(8)]
+            try:
+                grown = stack.wait_for(lambda: (p := stack.pool()).get("status", {}).get("desiredReplicas", 0) >= 2 and p,
+                                       "the WorkerPool asking for more pods")
+                assert grown["spec"]["replicas"] >= 2 and "wanted copies" in grown["status"]["reason"]
+                stack.wait_for(lambda: len(pool_pods(stack)) == 4, "four pods, one per model", timeout=120)
+            finally:
+                grown_enough.set()
+            for done in clients:
+                done.result()
+        assert len(answers) >= 64 and set(answers) == {200}
         with httpx.Client() as client:  # every model now has room of its own
             assert [stack.predict(client, m).status_code for m in "abcd" * 3] == [200] * 12
 

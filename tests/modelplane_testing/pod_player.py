@@ -87,6 +87,7 @@ class PodPlayer:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._watch: Any = None
+        self._cordoned: list[str] = []
         self.events: list[tuple[float, str, str]] = []  # (monotonic time, "ready"/"gone", pod name)
 
     # --- lifecycle ---------------------------------------------------------------------
@@ -94,6 +95,9 @@ class PodPlayer:
     def __enter__(self) -> "PodPlayer":
         register_node(self.cluster, self.node, cpu="64", memory="256Gi", gpus=64)
         self._heartbeat()
+        # Other tests of the session leave Nodes with no kubelet behind them; the scheduler spreads
+        # pods over every Ready node, so a pod bound there would never run. Cordoned while this plays.
+        self._cordoned = self._cordon_others()
         for target in (self._watch_pods, self._refresh_stores, self._heartbeats):
             thread = threading.Thread(target=target, name=f"pod-player-{target.__name__}", daemon=True)
             thread.start()
@@ -109,7 +113,17 @@ class PodPlayer:
         for pod in played:
             if pod.process is not None:
                 pod.process.stop(10)
+        for node in self._cordoned:
+            self.cluster.kubectl("uncordon", node, check=False)
         self._api.close()
+
+    def _cordon_others(self) -> list[str]:
+        """Cordon every other schedulable Node; returns their names (uncordoned on exit)."""
+        others = [n.metadata.name for n in self._core.list_node().items
+                  if n.metadata.name != self.node and not n.spec.unschedulable]
+        for node in others:
+            self.cluster.kubectl("cordon", node)
+        return others
 
     # --- what tests read -----------------------------------------------------------------
 

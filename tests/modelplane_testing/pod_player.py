@@ -206,7 +206,13 @@ class PodPlayer:
         process = processes.spawn(played.name, argv, self.workdir / f"{played.namespace}-{played.name}.log",
                                   url=f"http://{played.ip}:{self.port}")
         with self._lock:
-            played.process = process
+            # A pod deleted (or a player stopped) while this one started found no process to stop.
+            wanted = not self._stop.is_set() and self._pods.get((played.namespace, played.name)) is played
+            if wanted:
+                played.process = process
+        if not wanted:
+            process.stop(10)
+            return
         try:
             processes.wait_http(process, "/v2/health/ready", 120)
         except Exception as exc:  # a worker that never gets ready stays unready, as a pod would

@@ -1,5 +1,5 @@
 # The README's two commands are `make run` and `make test`; both install first.
-.PHONY: install install-k8s install-kind images run test e2e bench clean
+.PHONY: install install-k8s install-kind install-s3 images run test e2e bench clean
 
 install:
 	scripts/install.sh
@@ -7,14 +7,19 @@ install:
 install-k8s:
 	scripts/install-k8s.sh
 
+# A real S3 server (MinIO, from the Go module proxy) for the s3:// and gs:// source tests.
+install-s3:
+	scripts/install-s3.sh
+
 # The kind tier's tools: Debian's docker.io and debootstrap where missing, the node's
 # Kubernetes binaries, kind, containerd, CoreDNS, kube-router... (cached per version).
-install-kind: install-k8s
+install-kind: install-k8s install-s3
+	scripts/install-registry.sh
 	scripts/install-docker.sh
 	scripts/install-k8s.sh --node
 	scripts/install-kind.sh
 
-# modelplane's images (needs a running Docker engine; the kind tier starts one itself).
+# hotset's images (needs a running Docker engine; the kind tier starts one itself).
 images: install
 	scripts/build-images.sh
 
@@ -23,13 +28,13 @@ run: install
 
 # Unit and integration suites, then the kind tier (also what .ci/run runs). In CI
 # (CI=true) a kind tier that cannot run is an error, not a skip.
-test: install install-k8s install-kind
+test: install install-k8s install-s3 install-kind
 	.venv/bin/pytest -q tests
-	MODELPLANE_KIND_REQUIRED=$(if $(CI),1,0) .venv/bin/pytest -q e2e/kind -rs --durations=20
+	HOTSET_KIND_REQUIRED=$(if $(CI),1,0) .venv/bin/pytest -q e2e/kind -rs --durations=20
 
 # The kind tier alone: real images, kubelets and Services, the chart, the scenarios (docs/e2e.md).
-e2e: install install-k8s install-kind
-	MODELPLANE_KIND_REQUIRED=$(if $(CI),1,0) .venv/bin/pytest -q e2e/kind -rs --durations=20
+e2e: install install-k8s install-s3 install-kind
+	HOTSET_KIND_REQUIRED=$(if $(CI),1,0) .venv/bin/pytest -q e2e/kind -rs --durations=20
 
 bench: install
 	.venv/bin/python benchmarks/run_all.py

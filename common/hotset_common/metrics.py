@@ -1,7 +1,7 @@
 """Prometheus metric names, one scheme for every framework and component."""
 from __future__ import annotations
 
-PREFIX = "modelplane"
+PREFIX = "hotset"
 
 REQUESTS_TOTAL = f"{PREFIX}_requests_total"            # labels: model, framework, pod, code
 REQUEST_SECONDS = f"{PREFIX}_request_seconds"          # histogram; labels: model, framework, pod
@@ -17,6 +17,18 @@ QUEUE_WAIT_SECONDS = f"{PREFIX}_queue_wait_seconds"    # histogram; labels: mode
 REFUSALS_TOTAL = f"{PREFIX}_refusals_total"            # 503s for lack of room, 429s of a full per-model queue; labels: model, framework, pod, reason
 INFLIGHT_REQUESTS = f"{PREFIX}_inflight_requests"      # gauge: inference requests being served now; labels: model, framework, pod
 MODEL_QUEUED_REQUESTS = f"{PREFIX}_model_queued_requests"  # gauge: requests waiting for a slot of spec.maxConcurrency; labels: model, framework, pod
+# Remote model sources (s3://, gs://, hf://, https://) and the pod's source cache.
+SOURCE_FETCHES_TOTAL = f"{PREFIX}_source_fetches_total"          # labels: model, framework, pod, scheme, result (hit, download, failure)
+SOURCE_CACHE_HITS_TOTAL = f"{PREFIX}_source_cache_hits_total"    # loads served from the cache; labels: model, framework, pod, scheme
+SOURCE_DOWNLOAD_BYTES_TOTAL = f"{PREFIX}_source_download_bytes_total"  # labels: model, framework, pod, scheme
+SOURCE_DOWNLOAD_SECONDS = f"{PREFIX}_source_download_seconds"    # histogram; labels: model, framework, pod, scheme
+SOURCE_CACHE_BYTES = f"{PREFIX}_source_cache_bytes"              # gauge: entries and fills in progress; labels: pod
+SOURCE_CACHE_BUDGET_BYTES = f"{PREFIX}_source_cache_budget_bytes"  # gauge; labels: pod
+SOURCE_CACHE_EVICTIONS_TOTAL = f"{PREFIX}_source_cache_evictions_total"  # labels: pod
+# Dynamic batching of in-process models (worker-image/hotset_worker/batching.py); labels: model, framework, pod.
+BATCH_ROWS = f"{PREFIX}_batch_rows"                    # histogram: rows per forward pass
+BATCH_REQUESTS = f"{PREFIX}_batch_requests"            # histogram: requests per forward pass
+BATCH_QUEUE_SECONDS = f"{PREFIX}_batch_queue_seconds"  # histogram: a request's wait for its pass to start
 # Token metrics of generative models (OpenAI routes), every framework alike; labels: model, framework, pod.
 TIME_TO_FIRST_TOKEN_SECONDS = f"{PREFIX}_time_to_first_token_seconds"        # histogram: request arrival -> first token
 TIME_PER_OUTPUT_TOKEN_SECONDS = f"{PREFIX}_time_per_output_token_seconds"    # histogram: per request, (last - first) / (tokens - 1)
@@ -25,9 +37,9 @@ PROMPT_TOKENS_TOTAL = f"{PREFIX}_prompt_tokens_total"                        # c
 OUTPUT_TOKENS_TOTAL = f"{PREFIX}_output_tokens_total"                        # counter: rate() is the model's tokens per second
 ROUTER_REQUESTS_TOTAL = f"{PREFIX}_router_requests_total"      # labels: model, code
 ROUTER_REQUEST_SECONDS = f"{PREFIX}_router_request_seconds"    # labels: model
-ROUTER_PLACEMENTS_TOTAL = f"{PREFIX}_router_placements_total"  # labels: model, pod, reason
+ROUTER_PLACEMENTS_TOTAL = f"{PREFIX}_router_placements_total"  # labels: model, reason
 ROUTER_RETRIES_TOTAL = f"{PREFIX}_router_retries_total"        # labels: model
-ROUTER_COPY_REMOVALS_TOTAL = f"{PREFIX}_router_copy_removals_total"  # idle extra copies unloaded; labels: model, pod
+ROUTER_COPY_REMOVALS_TOTAL = f"{PREFIX}_router_copy_removals_total"  # idle extra copies unloaded; labels: model
 ROUTER_PODS = f"{PREFIX}_router_pods"                          # gauge: worker pods in the router's map
 ROUTER_POD_WAITS_TOTAL = f"{PREFIX}_router_pod_waits_total"    # requests held for a pod to start; labels: model, result
 ROUTER_POD_WAIT_SECONDS = f"{PREFIX}_router_pod_wait_seconds"  # histogram: how long they were held; labels: model
@@ -42,4 +54,15 @@ POOL_SCALE_EVENTS_TOTAL = f"{PREFIX}_pool_scale_events_total"  # labels: namespa
 QUOTA_USED = f"{PREFIX}_quota_used"                            # gauge; labels: namespace, resource (memory, copies, gpus)
 QUOTA_LIMIT = f"{PREFIX}_quota_limit"                          # gauge; labels: namespace, resource
 QUOTA_REFUSED_MODELS = f"{PREFIX}_quota_refused_models"        # gauge: models refused for the quota; labels: namespace
+# The operator's own work, which follows what changes (docs/operator.md, "Cost follows change").
+OPERATOR_ADMISSION_PASSES_TOTAL = f"{PREFIX}_operator_admission_passes_total"  # labels: kind (all, appended)
+OPERATOR_ADMISSION_DECISIONS_TOTAL = f"{PREFIX}_operator_admission_decisions_total"  # models judged, all passes
+OPERATOR_POOL_PASSES_TOTAL = f"{PREFIX}_operator_pool_passes_total"  # pool sizing passes (one per sync interval)
+OPERATOR_STATUS_WRITES_TOTAL = f"{PREFIX}_operator_status_writes_total"  # labels: resource (servedmodels, ...)
+OPERATOR_WRITES_PENDING = f"{PREFIX}_operator_writes_pending"  # gauge: status writes and events not yet sent
+CATALOG_MODELS = f"{PREFIX}_catalog_models"                    # gauge: entries of a catalog; labels: namespace, store
 ROUTER_VERSION_REQUESTS_TOTAL = f"{PREFIX}_router_version_requests_total"  # answers by version; labels: model, version
+# Router series are bounded in models (router telemetry.ModelSeries): per-model labels name at most
+# a configured number of recently used models, "_other" the rest and "_unknown" names no worker knows.
+ROUTER_MODEL_SERIES = f"{PREFIX}_router_model_series"  # gauge: models with per-model series of their own now
+ROUTER_EVENT_LOOP_LAG_SECONDS = f"{PREFIX}_router_event_loop_lag_seconds"  # histogram: how late timers woke

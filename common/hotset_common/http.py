@@ -9,23 +9,23 @@ from typing import Mapping
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from modelplane_common import errors
+from hotset_common import errors
 
 # Request headers a caller's bearer token travels in.
 AUTHORIZATION = "authorization"
 
 
 def error_body(message: str) -> dict[str, str]:
-    """Every error body modelplane sends: FastAPI's ``detail`` (what a seed client reads), and the
-    same text as ``error`` (what Triton's clients and earlier modelplane clients read)."""
+    """Every error body hotset sends: FastAPI's ``detail`` (what a seed client reads), and the
+    same text as ``error`` (what Triton's clients and earlier hotset clients read)."""
     return {"detail": message, "error": message}
 
 
 def install_error_handler(app: FastAPI) -> None:
-    """Map every ModelplaneError to its status with a JSON message naming the problem."""
+    """Map every HotsetError to its status with a JSON message naming the problem."""
 
-    @app.exception_handler(errors.ModelplaneError)
-    async def _handle(_: Request, exc: errors.ModelplaneError) -> JSONResponse:
+    @app.exception_handler(errors.HotsetError)
+    async def _handle(_: Request, exc: errors.HotsetError) -> JSONResponse:
         return JSONResponse(error_body(exc.message), status_code=exc.status_code, headers=exc.headers)
 
 
@@ -54,7 +54,7 @@ def decompress(body: bytes, encoding: str | None, limit_bytes: int) -> bytes:
     if encoding in ("", "identity"):
         return body
     if encoding not in _ZLIB_WINDOW:
-        raise errors.BadInput(f"Content-Encoding {encoding!r} is not supported; use gzip, deflate or none")
+        raise errors.BadInput(f"Content-Encoding {errors.excerpt(encoding)} is not supported; use gzip, deflate or none")
     inflater = zlib.decompressobj(_ZLIB_WINDOW[encoding])
     try:
         raw = inflater.decompress(body, limit_bytes + 1)

@@ -1,6 +1,6 @@
 """Wire types between clients, the router and workers.
 
-The seed API (`/predict`, `/models`) and modelplane's own `/status` report
+The seed API (`/predict`, `/models`) and hotset's own `/status` report
 are defined once here; OIP v2 bodies are forwarded as they are and need no
 types of ours.
 """
@@ -8,15 +8,16 @@ from __future__ import annotations
 
 import enum
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import BaseModel, Field
 
-from modelplane_common import errors
+from hotset_common import errors
+from hotset_common.spec import MAX_MODEL_ID
 
 # A caller's time budget for one request, in seconds (decimal): how long a worker may let it wait
 # for room and for its model's load. The router sends what is left of its own request timeout.
-TIMEOUT_HEADER = "x-modelplane-timeout"
+TIMEOUT_HEADER = "x-hotset-timeout"
 
 
 def parse_timeout(value: str | None) -> float | None:
@@ -29,15 +30,24 @@ def parse_timeout(value: str | None) -> float | None:
     except ValueError:
         seconds = math.nan
     if not math.isfinite(seconds) or seconds <= 0:
-        raise errors.BadInput(f"{TIMEOUT_HEADER} must be a positive number of seconds, got {value!r}")
+        raise errors.BadInput(f"{TIMEOUT_HEADER} must be a positive number of seconds, got {errors.excerpt(value)}")
     return seconds
 
 
+def requested_model(name: str) -> str:
+    """A model name a client sent, as routing may use it: a 404 saying so for a name longer than
+    any model id can be (quoting a short excerpt of it, not the megabyte a client may send)."""
+    if len(name) > MAX_MODEL_ID:
+        raise errors.ModelNotFound(
+            f"model {errors.excerpt(name)} is not served: model ids take at most {MAX_MODEL_ID} characters")
+    return name
+
+
 # Router -> worker: the canary version (its variant id) chosen to answer a request for its model.
-VARIANT_HEADER = "x-modelplane-variant"
+VARIANT_HEADER = "x-hotset-variant"
 # On every inference answer: the version of the copy that computed it (during a rollout, the old
 # version until the new copy has taken over).
-VERSION_HEADER = "x-modelplane-model-version"
+VERSION_HEADER = "x-hotset-model-version"
 
 
 class PredictRequest(BaseModel):
@@ -53,7 +63,7 @@ class PredictResponse(BaseModel):
 
 class ModelMetadata(BaseModel):
     """One model as the seed's ``GET /models`` describes it: ``id, name, type, framework, version``
-    (``type`` is the seed's word for the task), with modelplane's fields beside them."""
+    (``type`` is the seed's word for the task), with hotset's fields beside them."""
 
     id: str
     name: str
@@ -70,6 +80,13 @@ class ModelsResponse(BaseModel):
 
     available_models: dict[str, ModelMetadata]
     loaded_models: dict[str, str]
+
+
+class ModelsPage(ModelsResponse):
+    """``GET /models?limit=N[&after=ID]``: one page of the catalog in id order (the seed's two maps,
+    limited to the page's models), and the id to ask ``after`` for the next one (empty: the last page)."""
+
+    next: str = ""
 
 
 class CopyLocation(BaseModel):
@@ -109,7 +126,8 @@ class ModelCopy(BaseModel):
     reason: str = ""  # FAILED: why the last load failed; READY: a rollout to a new version that failed
     failure: str = ""  # FAILED: what failed: "LoadFailed", "WarmupFailed", ...
     failed_at_s: float = 0.0  # FAILED: seconds since that load failed
-    # What the shared eviction cost model (modelplane_common.eviction) needs, so that a router
+    progress: str = ""  # LOADING: how far its source's download is ("downloading 1.2 of 4.0 GiB")
+    # What the shared eviction cost model (hotset_common.eviction) needs, so that a router
     # predicts the worker's victims from this report:
     load_seconds: float = 0.0  # its last measured load
     frequency: float = 0.0  # its decayed request count
@@ -144,8 +162,57 @@ class WaitingModel(BaseModel):
     waited_s: float  # how long its first waiting request has waited
 
 
+# ``GET /status?since=<cursor>&limit=<n>``: a report of what changed after the report that gave
+# the cursor (its ``cursor`` field), at most `n` models and catalog entries, in the order they
+# changed. Without ``since`` a report is the whole state at once (the shape older callers read).
+STATUS_SINCE = "since"
+STATUS_LIMIT = "limit"
+FROM_SCRATCH = "0"  # a `since` that asks for everything (first contact), page by page
+MAX_STATUS_LIMIT = 100_000
+# Router -> worker on every status request: which router replica asks (the worker lists the
+# replicas it heard from lately in ``WorkerStatus.routers``, so every replica knows the others).
+ROUTER_ID_HEADER = "x-hotset-router"
+
+
+class StatusCursor(NamedTuple):
+    """Where a report left off: the worker process (`epoch`, new at each start) and its change count."""
+
+    epoch: str
+    version: int
+
+    def __str__(self) -> str:
+        return f"{self.epoch}.{self.version}"
+
+    @classmethod
+    def parse(cls, value: str) -> "StatusCursor | None":
+        """A cursor from an earlier report; None for ``FROM_SCRATCH``. 400 naming the parameter for
+        anything else (a cursor is only ever copied from a report)."""
+        if value == FROM_SCRATCH:
+            return None
+        epoch, dot, version = value.rpartition(".")
+        if not dot or not epoch or not version.isdigit() or len(value) > 100:
+            raise errors.BadInput(f"{STATUS_SINCE} must be a cursor from an earlier report or {FROM_SCRATCH!r}, "
+                                  f"got {value[:40]!r}")
+        return cls(epoch, int(version))
+
+
+def parse_status_limit(value: str | None) -> int | None:
+    """``limit`` of ``GET /status``: a positive count up to MAX_STATUS_LIMIT; None when absent."""
+    if value is None:
+        return None
+    if not value.isdigit() or not 0 < int(value) <= MAX_STATUS_LIMIT:
+        raise errors.BadInput(f"{STATUS_LIMIT} must be a count from 1 to {MAX_STATUS_LIMIT}, got {value[:20]!r}")
+    return int(value)
+
+
 class WorkerStatus(BaseModel):
-    """`GET /status`: the worker's own report, the source of truth for the router's map."""
+    """`GET /status`: the worker's own report, the source of truth for the router's map.
+
+    Whole (``delta`` false): `models` and `catalog` are everything the worker holds and can load;
+    with ``more`` they are the first part of it, and the rest comes as deltas from `cursor`.
+    A delta: only the models and entries that changed after the caller's cursor, and the ids of
+    those that went (`removed_models`, `removed_catalog`). The pod's own figures are always current.
+    """
 
     pod: str
     ready: bool
@@ -159,3 +226,12 @@ class WorkerStatus(BaseModel):
     waiting: list[WaitingModel] = Field(default_factory=list)  # the models they wait for (pool autoscaling)
     models: list[ModelCopy]
     catalog: list[CatalogEntry]
+    cursor: str = ""  # ask with ?since=<cursor> for what changes after this report
+    delta: bool = False
+    more: bool = False  # more changes wait: ask again at once from `cursor`
+    removed_models: list[str] = Field(default_factory=list)  # copies (and failed loads) that went
+    removed_catalog: list[str] = Field(default_factory=list)  # models that left the model store
+    routers: list[str] = Field(default_factory=list)  # router replicas that asked for reports lately
+    # The half-life of each copy's decayed request count (`frequency`; eviction.DecayedCount), so a
+    # reader can tell how many requests arrived between two reports.
+    demand_half_life_s: float = 30.0

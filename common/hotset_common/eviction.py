@@ -33,7 +33,7 @@ import dataclasses
 import math
 from typing import Iterable, Sequence
 
-from modelplane_common.wire import CopyState, ModelCopy, WorkerStatus
+from hotset_common.wire import CopyState, ModelCopy, WorkerStatus
 
 DEFAULT_HALF_LIFE_S = 30.0
 DEFAULT_CHURN_GUARD_S = 10.0

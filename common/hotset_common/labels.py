@@ -1,12 +1,12 @@
-"""Label keys and values on the Kubernetes objects modelplane creates.
+"""Label keys and values on the Kubernetes objects hotset creates.
 
 The operator stamps them on worker pods; the router selects worker pods by
 them. One definition so the selector and the stamp cannot disagree.
 
 Pools are keyed so that no ServedModel's name can reach another pool: the
-shared pool's pods carry ``modelplane.io/pool=shared``; a dedicated group's
-pods carry ``modelplane.io/pool=dedicated`` and
-``modelplane.io/servedmodel=<its model>``. A Deployment selects exactly its
+shared pool's pods carry ``hotset.io/pool=shared``; a dedicated group's
+pods carry ``hotset.io/pool=dedicated`` and
+``hotset.io/servedmodel=<its model>``. A Deployment selects exactly its
 pool's labels, so the shared pool never selects a dedicated pod and two
 dedicated groups never select each other's, whatever the models are called.
 """
@@ -18,24 +18,24 @@ PART_OF = "app.kubernetes.io/part-of"
 COMPONENT = "app.kubernetes.io/component"
 MANAGED_BY = "app.kubernetes.io/managed-by"
 NAME = "app.kubernetes.io/name"
-POOL = "modelplane.io/pool"              # SHARED_POOL, or DEDICATED_POOL on every dedicated group's pods
-SERVED_MODEL = "modelplane.io/servedmodel"  # on a dedicated group (Deployment and pods): the one model it pins
+POOL = "hotset.io/pool"              # SHARED_POOL, or DEDICATED_POOL on every dedicated group's pods
+SERVED_MODEL = "hotset.io/servedmodel"  # on a dedicated group (Deployment and pods): the one model it pins
 
 # Annotations. On a worker pod, set by the operator: it is being emptied before the pool shrinks
 # (the router places nothing new there and moves wanted copies off). On a ServedModel, set by the
 # router: a request waits for a pod of this model (unix seconds), so the operator starts one.
-DRAINING = "modelplane.io/draining"
-WANTED_AT = "modelplane.io/wanted-at"
+DRAINING = "hotset.io/draining"
+WANTED_AT = "hotset.io/wanted-at"
 # Kubernetes' own: the ReplicaSet controller removes pods of lower cost first when scaling down.
 POD_DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 
-PROJECT = "modelplane"
+PROJECT = "hotset"
 WORKER = "worker"
 OPERATOR = "operator"
 SHARED_POOL = "shared"
 DEDICATED_POOL = "dedicated"
 
-# Every modelplane worker pod, shared or dedicated, matches this selector.
+# Every hotset worker pod, shared or dedicated, matches this selector.
 WORKER_SELECTOR = f"{PART_OF}={PROJECT},{COMPONENT}={WORKER}"
 
 

@@ -3,12 +3,12 @@
 The router, the worker and a test's stand-in engine all speak this API, so
 its shapes are defined once here. Two rules shape the module:
 
-- **Errors are OpenAI's**, not modelplane's usual ``{"detail", "error"}``:
+- **Errors are OpenAI's**, not hotset's usual ``{"detail", "error"}``:
   ``{"error": {"message", "type", "param", "code"}}``, which the official
   clients turn into typed exceptions (``openai.NotFoundError``...). A request
   OpenAI would refuse as invalid is a 400 (not 422), as OpenAI and vLLM answer.
 - **Requests are read leniently and checked strictly**: unknown fields pass
-  (clients send fields that servers ignore), but the fields modelplane reads
+  (clients send fields that servers ignore), but the fields hotset reads
   are typed, so a malformed message list is a 400 naming the field. The router
   only ``peek``s (model, stream, prompt prefix); the worker validates the rest,
   and an engine that speaks this API itself (vLLM) validates its own bodies.
@@ -27,7 +27,8 @@ from typing import Any, Literal, Sequence
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
-from modelplane_common import errors
+from hotset_common import errors
+from hotset_common.spec import MAX_MODEL_ID
 
 MODELS = "/v1/models"
 COMPLETIONS = "/v1/completions"
@@ -66,7 +67,7 @@ def error_body(message: str, status: int, param: str | None = None, code: str | 
     return {"error": {"message": message, "type": error_type(status), "param": param, "code": code}}
 
 
-class OpenAIError(errors.ModelplaneError):
+class OpenAIError(errors.HotsetError):
     """A refused OpenAI request that names the field at fault (``param``) and OpenAI's ``code``."""
 
     status_code = 400
@@ -78,8 +79,8 @@ class OpenAIError(errors.ModelplaneError):
         self.status_code = status
 
 
-def body_of_error(exc: errors.ModelplaneError) -> tuple[int, dict[str, Any]]:
-    """Any modelplane error as an OpenAI answer: (status, body). A 422 (malformed request) is a 400 here."""
+def body_of_error(exc: errors.HotsetError) -> tuple[int, dict[str, Any]]:
+    """Any hotset error as an OpenAI answer: (status, body). A 422 (malformed request) is a 400 here."""
     status = 400 if exc.status_code == 422 else exc.status_code
     param = getattr(exc, "param", None)
     code = getattr(exc, "code", None)
@@ -146,7 +147,7 @@ class _Sampling(_Lenient):
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-(2**63), lt=2**63)  # a 64-bit integer, as OpenAI and vLLM take it
 
     def stop_strings(self) -> list[str]:
         if self.stop is None:
@@ -200,6 +201,8 @@ def json_object(raw: bytes) -> dict[str, Any]:
         value = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise OpenAIError(f"request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise OpenAIError(errors.TOO_DEEP) from None
     if not isinstance(value, dict):
         raise OpenAIError("request body must be a JSON object")
     return value
@@ -212,6 +215,8 @@ def parse(model: type[BaseModel], raw: bytes) -> Any:
         return model.model_validate(value)
     except pydantic.ValidationError as exc:
         raise describe_validation_error(exc) from None
+    except RecursionError:
+        raise OpenAIError(errors.TOO_DEEP) from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -229,6 +234,9 @@ def peek(raw: bytes, prefix_chars: int = PREFIX_CHARS) -> Peek:
     model = value.get("model")
     if not isinstance(model, str) or not model:
         raise OpenAIError("model: a model name is required", param="model")
+    if len(model) > MAX_MODEL_ID:
+        raise OpenAIError(f"model: {errors.excerpt(model)} is no model: model ids take at most {MAX_MODEL_ID} "
+                          "characters", param="model", code="model_not_found", status=404)
     return Peek(model, value.get("stream") is True, prompt_prefix(value, prefix_chars))
 
 
@@ -320,7 +328,7 @@ def embeddings(model: str, vectors: Sequence[Sequence[float]], encoding_format: 
             "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}}
 
 
-def model_card(model_id: str, owned_by: str = "modelplane", parent: str | None = None) -> dict[str, Any]:
+def model_card(model_id: str, owned_by: str = "hotset", parent: str | None = None) -> dict[str, Any]:
     """One entry of ``/v1/models`` (``parent``: the base model of a LoRA adapter, as vLLM lists it)."""
     return {"id": model_id, "object": "model", "created": 0, "owned_by": owned_by, "root": model_id, "parent": parent}
 

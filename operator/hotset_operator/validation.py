@@ -12,16 +12,18 @@ from typing import Any
 
 import pydantic
 
-from modelplane_common import quantity
-from modelplane_common.quantity import format_bytes
-from modelplane_common import spec as spec_module
-from modelplane_common.spec import ModelSpec, Placement
-from modelplane_operator import workloads
-from modelplane_operator.config import OperatorConfig
+from hotset_common import quantity
+from hotset_common import sources as locations
+from hotset_common.quantity import format_bytes
+from hotset_common import spec as spec_module
+from hotset_common.spec import ModelSpec, Placement, SourceOptions
+from hotset_operator import workloads
+from hotset_operator.config import OperatorConfig
 
 # pydantic field names -> the ServedModel path a user writes.
 _FIELD_PATHS = {"id": "metadata.name", "source": "spec.source.uri", "memory": "spec.memory",
                 "memory_bytes": "spec.memory"}
+_SOURCE_OPTIONS = ("source_options", "sourceOptions")
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,8 @@ class Verdict:
 
 def _field_path(loc: tuple[Any, ...]) -> str:
     head = str(loc[0]) if loc else "spec"
+    if head in _SOURCE_OPTIONS:
+        return ".".join(["spec.source", *(str(part) for part in loc[1:])])
     if head in _FIELD_PATHS:
         return _FIELD_PATHS[head]
     return ".".join(["spec", *(str(part) for part in loc)])
@@ -75,8 +79,17 @@ def _name_problems(name: str, spec: ModelSpec | None, config: OperatorConfig) ->
     return problems
 
 
+# What a ServedModel without spec.memory is told: placement, the pool's size, quotas and the
+# workers' budgets would count it as 0 bytes until a copy is measured, after it was packed.
+MEMORY_REQUIRED = ("required: the model's size in bytes or as a quantity (600Mi), which placement, the pool's "
+                   "size, quotas and the workers' budgets count before a copy of it is measured; without it "
+                   "the model would count as 0 bytes")
+
+
 def _placement_problems(spec: ModelSpec, config: OperatorConfig) -> list[Problem]:
     problems: list[Problem] = []
+    if spec.memory_bytes == 0:
+        problems.append(Problem("spec.memory", MEMORY_REQUIRED))
     if spec.memory_bytes > config.pod_memory_budget:
         problems.append(Problem("spec.memory", (
             f"{quantity.format_bytes(spec.memory_bytes)} does not fit a worker pod's model memory budget "
@@ -88,6 +101,39 @@ def _placement_problems(spec: ModelSpec, config: OperatorConfig) -> list[Problem
     return problems
 
 
+def _source_problems(spec: ModelSpec, config: OperatorConfig) -> list[Problem]:
+    """The pool's source policy: which servers a pod may fetch from (``config.source_endpoints``;
+    plain http only where an entry spells it out), and oci:// only with image volumes."""
+    sources = [("spec.source", spec.source, spec.source_options)]
+    if spec.rollout and spec.rollout.canary:
+        sources.append(("spec.rollout.canary.source", spec.rollout.canary.source, spec.rollout.canary.source_options))
+    return [problem for field, uri, options in sources
+            if (problem := source_policy_problem(field, uri, options, config)) is not None]
+
+
+def source_policy_problem(field: str, uri: str, options: SourceOptions, config: OperatorConfig) -> Problem | None:
+    location = locations.parse(uri)
+    if isinstance(location, locations.OciImage) and not config.image_volumes:
+        return Problem(f"{field}.uri", "oci:// sources are mounted as image volumes, which this operator has off "
+                                       "(workers.sources.oci.imageVolumes); package the model for s3:// or a PVC")
+    # The endpoint the pool's own settings pick (the admin's choice: always allowed).
+    admin = ""
+    if not options.endpoint and isinstance(location, locations.BucketPrefix) and location.scheme == "s3":
+        admin = config.s3_endpoint
+    elif isinstance(location, locations.HubRepo):
+        admin = config.hf_endpoint
+    origin = locations.endpoint_of(location, options.endpoint or admin, config.hf_endpoint)
+    if origin is None or (admin and origin == locations.endpoint_of(location, admin, admin)):
+        return None
+    if locations.endpoint_allowed(origin, config.source_endpoints):
+        return None
+    where = f"{field}.endpoint" if options.endpoint else f"{field}.uri"
+    listed = ", ".join(config.source_endpoints) or "any https endpoint"
+    why = "plain http is refused unless the policy lists it as http://host:port" if origin.startswith("http://") \
+        else "it is not on the pool's source policy"
+    return Problem(where, f"{origin} is not allowed: {why} (workers.sources.allowedEndpoints: {listed})")
+
+
 def validate(body: dict[str, Any], config: OperatorConfig) -> Verdict:
     """Parse a ServedModel body into a ModelSpec and list everything wrong with it."""
     name = str((body.get("metadata") or {}).get("name", ""))
@@ -97,35 +143,27 @@ def validate(body: dict[str, Any], config: OperatorConfig) -> Verdict:
         return Verdict(None, (*_name_problems(name, None, config), *_schema_problems(error)))
     except (TypeError, ValueError) as error:
         return Verdict(None, (*_name_problems(name, None, config), Problem("spec", str(error))))
-    return Verdict(spec, (*_name_problems(name, spec, config), *_placement_problems(spec, config)))
+    return Verdict(spec, (*_name_problems(name, spec, config), *_placement_problems(spec, config),
+                          *_source_problems(spec, config)))
 
 
 class Caps:
-    """The operator's bounds on what all models take together, filled oldest first: the
-    model-store ConfigMap (one object for every model, limited to 1 MiB by etcd) and the pods of
-    all dedicated groups together. A model past either is refused (``Accepted=False``) instead of
-    breaking the store for every model or growing the cluster without bound."""
+    """The operator's bound on what all models take together, filled oldest first: the pods of
+    all dedicated groups together. A model past it is refused (``Accepted=False``) instead of
+    growing the cluster without bound. (The catalog has no such bound: each model is an entry
+    of its own in the operator's feed, docs/architecture.md.)"""
 
-    def __init__(self, config: OperatorConfig, count: int) -> None:
+    def __init__(self, config: OperatorConfig) -> None:
         self.config = config
-        self.count = count  # ServedModels in all: named in the message of a full store
-        self.store_bytes: dict[str, int] = {}  # per model store (one ConfigMap per namespace)
         self.dedicated_pods = 0
 
-    def admit(self, spec: ModelSpec, store: str = "") -> Problem | None:
-        """Count `spec` in when it fits (into the model store `store`), else say why it does not."""
-        size = workloads.store_entry_bytes(spec)
-        used = self.store_bytes.get(store, 64)
-        if used + size > self.config.max_store_bytes:
-            return Problem("metadata.name", (
-                f"the model store is full: {self.count} ServedModels need more than its "
-                f"{quantity.format_bytes(self.config.max_store_bytes)} (one ConfigMap); delete unused ones"))
+    def admit(self, spec: ModelSpec) -> Problem | None:
+        """Count `spec` in when it fits, else say why it does not."""
         dedicated = spec.replicas.min if spec.placement is Placement.DEDICATED else 0
         if dedicated and self.dedicated_pods + dedicated > self.config.max_dedicated_pods:
             return Problem("spec.replicas.min", (
                 f"dedicated groups would need {self.dedicated_pods + dedicated} pods together; "
                 f"the operator's cap is {self.config.max_dedicated_pods} (workers.dedicated.maxPods)"))
-        self.store_bytes[store] = used + size
         self.dedicated_pods += dedicated
         return None
 
@@ -133,7 +171,7 @@ class Caps:
 def over_the_caps(items: list[dict[str, Any]], config: OperatorConfig) -> dict[str, Problem]:
     """The valid ServedModels (bodies) past the operator's bounds (``Caps``), oldest first served."""
     ordered = sorted(items, key=lambda item: (item["metadata"].get("creationTimestamp") or "", item["metadata"]["name"]))
-    caps = Caps(config, len(ordered))
+    caps = Caps(config)
     problems: dict[str, Problem] = {}
     for item in ordered:
         verdict = validate(item, config)

@@ -1,14 +1,14 @@
-"""The operator's Prometheus metrics: pool sizes, what the autoscaler wants, quota use.
+"""The operator's Prometheus metrics: pool sizes, what the autoscaler wants, quota use, its own work.
 
 A registry of its own (no globals), served on ``metrics_port`` by main() when
 one is set; the dashboard and alerts in the chart read these names
-(``modelplane_common.metrics``).
+(``hotset_common.metrics``).
 """
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from modelplane_common import metrics as names
+from hotset_common import metrics as names
 
 POOL_LABELS = ["namespace", "pool"]
 
@@ -32,6 +32,19 @@ class OperatorMetrics:
         self.quota_limit = Gauge(names.QUOTA_LIMIT, "A namespace's quota", ["namespace", "resource"], registry=r)
         self.quota_refused = Gauge(names.QUOTA_REFUSED_MODELS, "ServedModels refused for their namespace's quota",
                                    ["namespace"], registry=r)
+        self.admission_passes = Counter(names.OPERATOR_ADMISSION_PASSES_TOTAL.removesuffix("_total"),
+                                        "Admission passes: over every model (all) or continuing the last (appended)",
+                                        ["kind"], registry=r)
+        self.admission_decisions = Counter(names.OPERATOR_ADMISSION_DECISIONS_TOTAL.removesuffix("_total"),
+                                           "ServedModels judged by admission, all passes together", registry=r)
+        self.pool_passes = Counter(names.OPERATOR_POOL_PASSES_TOTAL.removesuffix("_total"),
+                                   "Pool sizing passes", registry=r)
+        self.status_writes = Counter(names.OPERATOR_STATUS_WRITES_TOTAL.removesuffix("_total"),
+                                     "Status patches written", ["resource"], registry=r)
+        self.writes_pending = Gauge(names.OPERATOR_WRITES_PENDING, "Status writes and events not yet sent",
+                                    registry=r)
+        self.catalog_models = Gauge(names.CATALOG_MODELS, "Models in a catalog worker pods follow",
+                                    ["namespace", "store"], registry=r)
 
     def scaled(self, namespace: str, pool: str, before: int, after: int) -> None:
         if after != before:

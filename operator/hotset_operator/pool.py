@@ -14,8 +14,8 @@ import math
 from dataclasses import dataclass
 from typing import Iterable
 
-from modelplane_common.spec import ModelSpec, Placement
-from modelplane_operator.config import OperatorConfig
+from hotset_common.spec import ModelSpec, Placement
+from hotset_operator.config import OperatorConfig
 
 
 @dataclass(frozen=True)

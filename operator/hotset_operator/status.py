@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from modelplane_common.spec import ModelSpec
-from modelplane_common.wire import CopyState, WorkerStatus
+from hotset_common.spec import ModelSpec
+from hotset_common.wire import CopyState, WorkerStatus
 
 
 def copies_of(model: str, reports: Mapping[str, WorkerStatus]) -> list[dict[str, Any]]:
@@ -23,6 +23,8 @@ def copies_of(model: str, reports: Mapping[str, WorkerStatus]) -> list[dict[str,
                 entry["reason"] = copy.reason
             if copy.failure:
                 entry["failure"] = copy.failure
+            if copy.progress:
+                entry["progress"] = copy.progress
             copies.append(entry)
     return copies
 
@@ -47,6 +49,11 @@ def readiness(spec: ModelSpec, copies: list[dict[str, Any]],
         return False, "LoadFailed", f"load on pod {first['pod']} failed: {first.get('reason') or 'no reason given'}"
     if pod_problems:
         return False, "PodsFailing", f"{ready} of {required} required copies ready; {pod_problems[0]}"
+    fetching = next((c for c in copies if c.get("progress")), None)
     if required == 0:
+        if fetching is not None:  # still ready to take requests: they wait for this load
+            return True, "LoadOnDemand", f"no copies required; pod {fetching['pod']}: {fetching['progress']}"
         return True, "LoadOnDemand", "no copies required; the router loads the model on its first request"
+    if fetching is not None:
+        return False, "Downloading", f"{ready} of {required} required copies ready; pod {fetching['pod']}: {fetching['progress']}"
     return False, "WaitingForCopies", f"{ready} of {required} required copies ready"

@@ -15,9 +15,9 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Hashable, Sequence
 
-from modelplane_common import quantity
-from modelplane_operator import pool
-from modelplane_operator.pool import Want
+from hotset_common import quantity
+from hotset_operator import pool
+from hotset_operator.pool import Want
 
 
 @dataclass(frozen=True)

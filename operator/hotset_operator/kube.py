@@ -6,71 +6,18 @@ nothing and creates no duplicates.
 """
 from __future__ import annotations
 
+import json
 import os
-from dataclasses import dataclass
-from typing import Any, Callable
+import threading
+from typing import Any, Callable, Iterable
 
 from kubernetes import client, config as kube_config
 from kubernetes.client.exceptions import ApiException
 
-from modelplane_common import labels, spec as spec_module
+from hotset_common import labels, spec as spec_module
 
-FIELD_MANAGER = "modelplane-operator"
-
-
-FIELD_MANAGER_AUTOSCALER = "modelplane-autoscaler"  # owns the replicas of the pools and dedicated groups
-
-
-@dataclass(frozen=True)
-class WorkerPod:
-    name: str
-    ip: str
-    phase: str
-    ready: bool
-    pool: str = ""  # labels.pool_of: "shared", labels.dedicated_pool(model), or ""
-    problem: str = ""  # why a container is not running, as the kubelet reports it
-    namespace: str = ""
-    draining_since: float | None = None  # unix seconds, from labels.DRAINING
-
-
-@dataclass(frozen=True)
-class DeploymentState:
-    replicas: int  # spec: asked for
-    pods: int  # status.replicas: pods it has
-    ready: int
-
-
-def _draining_since(annotations: dict[str, str]) -> float | None:
-    value = annotations.get(labels.DRAINING)
-    if not value:
-        return None
-    try:
-        return float(value)
-    except ValueError:
-        return 0.0  # set by hand: treated as draining since long ago
-
-
-def _problem(pod: Any) -> str:
-    """The first container that is waiting or restarting, with the kubelet's reason."""
-    for status in (pod.status.container_statuses if pod.status else None) or []:
-        waiting = status.state.waiting if status.state else None
-        last = status.last_state.terminated if status.last_state else None
-        if waiting and waiting.reason not in (None, "ContainerCreating", "PodInitializing"):
-            detail = f": {last.reason} (exit {last.exit_code})" if last else ""
-            return f"container {status.name} {waiting.reason}{detail}, {status.restart_count} restart(s)"
-        if not status.ready and status.restart_count and last:
-            return f"container {status.name} restarted {status.restart_count} time(s), last: {last.reason} (exit {last.exit_code})"
-    return ""
-
-
-def _to_worker_pod(pod: Any) -> WorkerPod:
-    status = pod.status
-    conditions = (status.conditions if status else None) or []
-    return WorkerPod(
-        name=pod.metadata.name, ip=(status.pod_ip or "") if status else "", phase=(status.phase or "") if status else "",
-        ready=any(c.type == "Ready" and c.status == "True" for c in conditions),
-        pool=labels.pool_of(pod.metadata.labels or {}), problem=_problem(pod), namespace=pod.metadata.namespace or "",
-        draining_since=_draining_since(pod.metadata.annotations or {}))
+FIELD_MANAGER = "hotset-operator"
+FIELD_MANAGER_AUTOSCALER = "hotset-autoscaler"  # owns the replicas of the pools and dedicated groups
 
 
 def connect() -> client.ApiClient:
@@ -91,12 +38,70 @@ def _server_side_apply(patch: Callable[..., Any], manifest: dict[str, Any]) -> s
     return result.metadata.resource_version
 
 
+METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
+
+
 class Kube:
+    """The API groups are made on first use, on whichever thread calls first: importing the
+    kubernetes client's CoreV1Api and AppsV1Api takes seconds, which kopf's startup then does not
+    wait for."""
+
     def __init__(self, api: client.ApiClient) -> None:
-        self._apps = client.AppsV1Api(api)
-        self._core = client.CoreV1Api(api)
-        self._custom = client.CustomObjectsApi(api)
-        self._policy = client.PolicyV1Api(api)
+        self._api = api
+        self._lock = threading.Lock()
+        self._groups: dict[str, Any] = {}
+
+    def _group(self, name: str) -> Any:
+        with self._lock:
+            if name not in self._groups:
+                self._groups[name] = getattr(client, name)(self._api)
+            return self._groups[name]
+
+    @property
+    def _apps(self) -> client.AppsV1Api:
+        return self._group("AppsV1Api")
+
+    @property
+    def _core(self) -> client.CoreV1Api:
+        return self._group("CoreV1Api")
+
+    @property
+    def _custom(self) -> client.CustomObjectsApi:
+        return self._group("CustomObjectsApi")
+
+    @property
+    def _policy(self) -> client.PolicyV1Api:
+        return self._group("PolicyV1Api")
+
+    def warm(self) -> None:
+        """Make every API group now (on a thread, while kopf lists what it watches)."""
+        for name in ("CustomObjectsApi", "AppsV1Api", "PolicyV1Api", "CoreV1Api"):
+            self._group(name)
+
+    def served_model_keys(self, namespaces: Iterable[str] | None) -> set[tuple[str, str]]:
+        """(namespace, name) of every ServedModel in `namespaces` (None: all), from metadata-only
+        LISTs in pages: what exists, without transferring a single spec."""
+        paths = ([f"/apis/{spec_module.GROUP}/{spec_module.VERSION}/namespaces/{ns}/{spec_module.PLURAL}"
+                  for ns in namespaces] if namespaces is not None
+                 else [f"/apis/{spec_module.GROUP}/{spec_module.VERSION}/{spec_module.PLURAL}"])
+        found: set[tuple[str, str]] = set()
+        for path in paths:
+            token = ""
+            while True:
+                query = [("limit", 5000)] + ([("continue", token)] if token else [])
+                request = self._api.param_serialize("GET", path, query_params=query,
+                                                    header_params={"Accept": METADATA_LIST},
+                                                    auth_settings=["BearerToken"])
+                response = self._api.call_api(*request)
+                response.read()
+                if not 200 <= response.status <= 299:
+                    raise ApiException(status=response.status, reason=response.reason)
+                page = json.loads(response.data)
+                found |= {(i["metadata"].get("namespace", ""), i["metadata"]["name"]) for i in page.get("items") or []}
+                token = (page.get("metadata") or {}).get("continue") or ""
+                if not token:
+                    break
+        return found
 
     def apply_deployment(self, deployment: dict[str, Any]) -> str:
         """Create or converge a Deployment; returns its resourceVersion after the call.
@@ -113,9 +118,27 @@ class Kube:
         self._apps.delete_namespaced_deployment(meta["name"], meta["namespace"], propagation_policy="Background")
         return _server_side_apply(self._apps.patch_namespaced_deployment, deployment)
 
-    def apply_configmap(self, configmap: dict[str, Any]) -> str:
-        """Create or converge a ConfigMap; returns its resourceVersion after the call."""
-        return _server_side_apply(self._core.patch_namespaced_config_map, configmap)
+    def apply_secret(self, secret: dict[str, Any]) -> str:
+        """Create or converge a Secret (the pool's source credentials); returns its resourceVersion."""
+        return _server_side_apply(self._core.patch_namespaced_secret, secret)
+
+    def secret_data(self, namespace: str, name: str) -> dict[str, str] | None:
+        """A Secret's data (base64 values, as stored); None when it does not exist or may not be read."""
+        try:
+            return dict(self._core.read_namespaced_secret(name, namespace).data or {})
+        except ApiException as exc:
+            if exc.status in (403, 404):
+                return None
+            raise
+
+    def namespace_annotations(self, namespace: str) -> dict[str, str]:
+        """A Namespace's annotations; {} when it cannot be read (an install without the ClusterRole)."""
+        try:
+            return dict(self._core.read_namespace(namespace).metadata.annotations or {})
+        except ApiException as exc:
+            if exc.status in (403, 404):
+                return {}
+            raise
 
     def deployment_owners(self, namespace: str, name: str) -> tuple[list[str], str] | None:
         """The uids owning a Deployment (its ownerReferences) and its managed-by label; None when
@@ -154,37 +177,6 @@ class Kube:
                 return False
             raise
         return True
-
-    def served_models(self, namespace: str) -> list[dict[str, Any]]:
-        listing = self._custom.list_namespaced_custom_object(
-            spec_module.GROUP, spec_module.VERSION, namespace, spec_module.PLURAL)
-        return list(listing.get("items", []))
-
-    def annotate_pods(self, namespace: str, selector: str, annotations: dict[str, str]) -> int:
-        """Set these annotations on every pod of the selector that lacks them; returns how many changed."""
-        changed = 0
-        for pod in self._core.list_namespaced_pod(namespace, label_selector=selector).items:
-            current = pod.metadata.annotations or {}
-            if pod.metadata.deletion_timestamp is None and any(current.get(k) != v for k, v in annotations.items()):
-                try:
-                    self._core.patch_namespaced_pod(pod.metadata.name, namespace,
-                                                    {"metadata": {"annotations": annotations}})
-                    changed += 1
-                except ApiException as exc:
-                    if exc.status != 404:  # a pod gone meanwhile needs nothing
-                        raise
-        return changed
-
-    def deployment(self, namespace: str, name: str) -> DeploymentState | None:
-        try:
-            found = self._apps.read_namespaced_deployment(name, namespace)
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
-        status = found.status
-        return DeploymentState(found.spec.replicas if found.spec.replicas is not None else 1,
-                               (status.replicas or 0) if status else 0, (status.ready_replicas or 0) if status else 0)
 
     def scale_deployment(self, namespace: str, name: str, replicas: int) -> None:
         """Set an existing Deployment's replicas as the autoscaler's field manager (server-side apply of
@@ -228,11 +220,17 @@ class Kube:
             field_manager=FIELD_MANAGER_AUTOSCALER, _content_type="application/merge-patch+json")
 
     def patch_custom_status(self, namespace: str, name: str, resource: dict[str, str], status: dict[str, Any]) -> None:
-        """Merge `status` into a custom object's status subresource."""
-        self._custom.patch_namespaced_custom_object_status(
+        """Merge `status` into a custom object's status subresource (the object sent back is not
+        parsed: nothing reads it, and a model with large warm-ups would cost a parse per write)."""
+        _discard(self._custom.patch_namespaced_custom_object_status(
             resource["group"], resource["version"], namespace, resource["plural"], name, {"status": status},
-            _content_type="application/merge-patch+json")
+            _content_type="application/merge-patch+json", _preload_content=False))
 
-    def worker_pods(self, namespace: str, selector: str) -> list[WorkerPod]:
-        pods = self._core.list_namespaced_pod(namespace, label_selector=selector).items
-        return [_to_worker_pod(p) for p in pods if p.metadata.deletion_timestamp is None]
+    def post_event(self, namespace: str, event: dict[str, Any]) -> None:
+        _discard(self._core.create_namespaced_event(namespace, event, _preload_content=False))
+
+
+def _discard(response: Any) -> None:
+    """Read and drop an unparsed answer, so its connection goes back to the pool."""
+    response.drain_conn()
+    response.release_conn()

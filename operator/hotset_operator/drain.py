@@ -22,8 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from modelplane_common.spec import ModelSpec
-from modelplane_common.wire import CopyState, WorkerStatus
+from hotset_common.spec import ModelSpec
+from hotset_common.wire import CopyState, WorkerStatus
 
 
 @dataclass(frozen=True)

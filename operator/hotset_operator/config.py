@@ -6,22 +6,33 @@ handlers; nothing reads the environment at import time.
 from __future__ import annotations
 
 import enum
+import json
 import os
 from typing import Any, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from modelplane_common import quantity
+from hotset_common import quantity
+from hotset_common.spec import Scheduling
 
-ENV_PREFIX = "MODELPLANE_OPERATOR_"
+ENV_PREFIX = "HOTSET_OPERATOR_"
 
 
 class GpuMode(str, enum.Enum):
     """How worker pods get GPUs (the chart's workers.gpu.mode; docs/operator.md, "GPUs")."""
 
-    DRA = "dra"  # one pod-level ResourceClaim that the worker and its Triton sidecar share
-    DEVICE_PLUGIN = "devicePlugin"  # an extended resource (nvidia.com/gpu) per container: devices of its own each
+    DEVICE_PLUGIN = "devicePlugin"  # an extended resource (nvidia.com/gpu) per container: most GPU clusters have it
+    DRA = "dra"  # one pod-level ResourceClaim that the worker and its Triton sidecar share (Kubernetes >= 1.34)
     NONE = "none"  # CPU-only clusters
+
+
+class TritonSidecar(str, enum.Enum):
+    """Which worker pods run the Triton sidecar (the chart's workers.triton.sidecar, a WorkerPool's
+    spec.tritonSidecar): it requests CPU and memory of its own on every pod that has it."""
+
+    AUTO = "auto"  # where Triton models are: a dedicated group of a triton model, a pool serving one
+    ALWAYS = "always"  # every worker pod (a pool's pods never roll when Triton models come and go)
+    NEVER = "never"  # no pod: triton models cannot load (503 naming the missing sidecar)
 
 
 class PoolMode(str, enum.Enum):
@@ -47,15 +58,15 @@ class OperatorConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     namespace: str = Field("default", description="namespace of the shared pool (the operator's own)")
-    worker_image: str = "ghcr.io/modelplane/worker:0.1.0"
+    worker_image: str = "ghcr.io/hotset/worker:0.1.0"
     triton_image: str = "nvcr.io/nvidia/tritonserver:24.10-py3"
     image_pull_policy: str = "IfNotPresent"
-    gpu_mode: GpuMode = Field(GpuMode.DRA, description="how worker pods get GPUs")
+    gpu_mode: GpuMode = Field(GpuMode.DEVICE_PLUGIN, description="how worker pods get GPUs")
     gpus_per_pod: int = Field(1, ge=0, description="devicePlugin: the worker container's GPUs (dra: the claim "
                                                    "template, rendered by the chart, holds the count)")
     triton_gpus: int = Field(0, ge=0, description="devicePlugin: the Triton sidecar's own GPUs (0: it runs on the CPU)")
     gpu_resource: str = Field("nvidia.com/gpu", description="devicePlugin: the extended resource name")
-    gpu_claim_template: str = Field("modelplane-worker-gpu", description="dra: the ResourceClaimTemplate every "
+    gpu_claim_template: str = Field("hotset-worker-gpu", description="dra: the ResourceClaimTemplate every "
                                                                          "worker pod claims its GPUs from")
     pod_memory_budget: int = Field(16 * 2**30, gt=0, description="bytes of model memory per worker pod")
     worker_cpu: str = "2"
@@ -63,16 +74,26 @@ class OperatorConfig(BaseModel):
     triton_cpu: str = "2"
     triton_memory: str = "8Gi"
     worker_port: int = 8080
-    pool_name: str = "modelplane-pool"
+    worker_scheduling: Scheduling = Field(default_factory=Scheduling, description="where worker pods may run "
+                                          "(the chart's workers.scheduling); a WorkerPool's or a dedicated "
+                                          "ServedModel's spec.scheduling overrides it field by field")
+    triton_sidecar: TritonSidecar = Field(TritonSidecar.AUTO, description="which worker pods run the Triton "
+                                          "sidecar; a WorkerPool's spec.tritonSidecar overrides it")
+    pool_name: str = "hotset-pool"
     pool_min_pods: int = Field(1, ge=0)
     pool_max_pods: int = Field(8, ge=0)
-    model_store_configmap: str = "modelplane-models"
     worker_service_account: str = Field("", description="worker pods' ServiceAccount; empty: the namespace default")
     model_claims: tuple[str, ...] = Field((), description="PVCs mounted read-only into worker pods for pvc:// sources")
     router_url: str = ""
     owner_deployment: str = Field("", description="the operator's own Deployment, made owner of the pool "
                                   "and the model store so that uninstalling the chart removes them")
-    status_interval_s: float = Field(15.0, gt=0)
+    # The catalog feed worker pods follow (docs/architecture.md, "The catalog"): where the operator
+    # serves it, and the base URL pods are given (empty: the chart's Service, hotset-operator).
+    catalog_host: str = "0.0.0.0"
+    catalog_port: int = Field(8090, ge=0, le=65535, description="0: an ephemeral port (tests)")
+    catalog_url: str = Field("", description="base URL of the feed as worker pods reach it")
+    report_timeout_s: float = Field(2.0, gt=0, description="longest wait for one worker pod's /status")
+    write_concurrency: int = Field(8, ge=1, description="status writes in flight at once")
     watch_namespaces: tuple[str, ...] = Field((), description="namespaces whose ServedModels are served; "
                                               "empty: the operator's own; ('*',): every namespace")
     pool_mode: PoolMode = PoolMode.SHARED
@@ -91,13 +112,29 @@ class OperatorConfig(BaseModel):
     file_roots: tuple[str, ...] = Field((), description="folders file:// sources may name; empty: pvc:// only")
     triton_backends: tuple[str, ...] = Field(("onnxruntime", "tensorrt", "pytorch", "tensorflow", "openvino"),
                                              description="Triton backends models may use (python runs the model's code)")
-    # Overreach bounds: all dedicated groups together, and the model-store ConfigMap (1 MiB in etcd).
+    # Remote model sources (docs/frameworks.md, "Model sources"): the pool's defaults, the source
+    # policy checked at admission, the pods' source cache, oci:// image volumes, credentials.
+    source_endpoints: tuple[str, ...] = Field((), description="endpoints remote sources may use (host, *.domain, "
+                                              "or http://host:port to allow plain http); empty: any https endpoint")
+    s3_endpoint: str = Field("", description="the pool's S3 endpoint for s3:// sources naming none; empty: AWS")
+    s3_region: str = ""
+    s3_path_style: bool = True
+    hf_endpoint: str = Field("", description="a Hugging Face hub mirror for hf:// sources; empty: the public hub")
+    source_cache_bytes: int = Field(20 * 2**30, gt=0, description="each pod's (or node's) source cache budget")
+    source_cache_host_path: str = Field("", description="a node folder for the source cache, shared by the node's "
+                                        "worker pods (writable by uid 1000); empty: an emptyDir per pod")
+    image_volumes: bool = Field(True, description="oci:// sources as image volumes (Kubernetes ImageVolume); "
+                                "off: oci:// sources are refused at admission")
+    oci_pull_policy: str = Field("IfNotPresent", description="how kubelets pull oci:// sources' images "
+                                 "(workers.sources.oci.pullPolicy; the images' own pullPolicy is for hotset's)")
+    source_credentials_secret: str = Field("hotset-source-credentials", description="the Secret the operator "
+                                           "writes, per pool namespace, with the credentials its models name")
+    # Overreach bound: the pods of all dedicated groups together.
     max_dedicated_pods: int = Field(16, ge=0)
-    max_store_bytes: int = Field(800 * 1024, gt=0)
     drain_seconds: int = Field(5, ge=0)
     startup_probe_failure_threshold: int = Field(120, ge=1, description="x 5 s: slow first loads")
 
-    @field_validator("pod_memory_budget", mode="before")
+    @field_validator("pod_memory_budget", "source_cache_bytes", mode="before")
     @classmethod
     def _parse_budget(cls, value: Any) -> int:
         return quantity.parse_bytes(value)
@@ -114,7 +151,15 @@ class OperatorConfig(BaseModel):
                 "limit, on CPU worker pods (workers.gpu.mode: none): models are held in that container's memory")
         return self
 
-    @field_validator("model_claims", "watch_namespaces", "file_roots", "triton_backends", mode="before")
+    @field_validator("worker_scheduling", mode="before")
+    @classmethod
+    def _parse_scheduling(cls, value: Any) -> Any:
+        """The chart passes workers.scheduling as JSON (HOTSET_OPERATOR_WORKER_SCHEDULING)."""
+        if isinstance(value, str):
+            return json.loads(value) if value.strip() else {}
+        return value
+
+    @field_validator("model_claims", "watch_namespaces", "file_roots", "triton_backends", "source_endpoints", mode="before")
     @classmethod
     def _split_claims(cls, value: Any) -> Any:
         if isinstance(value, str):
@@ -131,13 +176,17 @@ class OperatorConfig(BaseModel):
             return []
         return sorted({self.namespace, *self.watch_namespaces})
 
+    def catalog_base_url(self) -> str:
+        """What worker pods are told to follow: the chart's operator Service unless set."""
+        return (self.catalog_url or f"http://hotset-operator.{self.namespace}.svc:{self.catalog_port}").rstrip("/")
+
     def pool_namespace(self, model_namespace: str) -> str:
         """Where the pool that runs a namespace's shared models lives."""
         return model_namespace if self.pool_mode is PoolMode.NAMESPACE else self.namespace
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "OperatorConfig":
-        """Read MODELPLANE_OPERATOR_<FIELD> variables (set by the Helm chart); overrides win."""
+        """Read HOTSET_OPERATOR_<FIELD> variables (set by the Helm chart); overrides win."""
         environ = os.environ if environ is None else environ
         values: dict[str, Any] = {}
         for name in cls.model_fields:

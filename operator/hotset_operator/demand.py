@@ -24,9 +24,9 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping
 
-from modelplane_common.spec import ModelSpec
-from modelplane_common.wire import CopyState, WorkerStatus
-from modelplane_operator.pool import Want
+from hotset_common.spec import ModelSpec
+from hotset_common.wire import CopyState, WorkerStatus
+from hotset_operator.pool import Want
 
 HELD = (CopyState.READY, CopyState.LOADING)
 
@@ -47,8 +47,11 @@ class DemandMemory:
         seen = self._seen.get(model)
         return math.inf if seen is None else self.clock() - seen
 
-    def forget_all_but(self, models: Iterable[str]) -> None:
-        keep = set(models)
+    def remembered(self) -> set[str]:
+        return set(self._seen)
+
+    def forget_all_but(self, models: Iterable[str] | Mapping[str, object]) -> None:
+        keep = models if isinstance(models, Mapping) else set(models)
         self._seen = {m: at for m, at in self._seen.items() if m in keep}
 
 
@@ -64,22 +67,31 @@ class Load:
 
 
 def load_of(model: str, reports: Iterable[WorkerStatus]) -> Load:
-    copies = requests = measured = 0
-    waited, used_ago = 0.0, math.inf
+    return loads(reports).get(model, IDLE)
+
+
+IDLE = Load(0, 0, 0.0, math.inf, 0)
+
+
+def loads(reports: Iterable[WorkerStatus]) -> dict[str, Load]:
+    """What the reports say of every model they name, in one pass over them (a pass costs the
+    copies and waiting models reported, not the models that exist)."""
+    found: dict[str, list[float]] = {}  # model -> [copies, requests, waited, used_ago, bytes]
     for report in reports:
         for copy in report.models:
-            if copy.id != model or copy.state not in HELD:
+            if copy.state not in HELD:
                 continue
-            copies += 1
-            requests += copy.inflight + copy.queued
-            measured = max(measured, copy.bytes if copy.state is CopyState.READY else 0)
+            load = found.setdefault(copy.id, [0, 0, 0.0, math.inf, 0])
+            load[0] += 1
+            load[1] += copy.inflight + copy.queued
+            load[4] = max(load[4], copy.bytes if copy.state is CopyState.READY else 0)
             if copy.state is CopyState.READY and copy.frequency > 0:
-                used_ago = min(used_ago, copy.last_used_s)
+                load[3] = min(load[3], copy.last_used_s)
         for waiting in report.waiting:
-            if waiting.id == model:
-                requests += waiting.requests
-                waited = max(waited, waiting.waited_s)
-    return Load(copies, requests, waited, used_ago, measured)
+            load = found.setdefault(waiting.id, [0, 0, 0.0, math.inf, 0])
+            load[1] += waiting.requests
+            load[2] = max(load[2], waiting.waited_s)
+    return {model: Load(int(c), int(r), w, u, int(b)) for model, (c, r, w, u, b) in found.items()}
 
 
 def note_use(memory: DemandMemory, key: str, load: Load, wanted_at: float, now_wall: float) -> None:
@@ -109,10 +121,20 @@ def copies_for(spec: ModelSpec, load: Load, recent: bool, target_inflight: float
 
 def pool_wants(specs: Mapping[str, ModelSpec], reports: Mapping[str, WorkerStatus], wanted_at: Mapping[str, float],
                memory: DemandMemory, now_wall: float, target_inflight: float, queue_wait_s: float) -> list[Want]:
-    """The copies a shared pool should hold for `specs` (its accepted shared models)."""
+    """The copies a shared pool should hold for `specs` (its accepted shared models).
+
+    Only models that can want a copy are looked at: declared minimums, what the reports name,
+    what is remembered as recently wanted, and requests the router held for a pod (`wanted_at`),
+    so an idle catalog of thousands of models costs one scan for minimums."""
+    reported = loads(reports.values())
+    candidates = ({model for model, spec in specs.items() if spec.replicas.min > 0} | set(reported)
+                  | memory.remembered() | set(wanted_at))
     wants = []
-    for model, spec in sorted(specs.items()):
-        load = load_of(model, reports.values())
+    for model in sorted(candidates):
+        spec = specs.get(model)
+        if spec is None:
+            continue
+        load = reported.get(model, IDLE)
         if load.requests and load.copies == 0 and load.waited_s < queue_wait_s:
             load = Load(load.copies, 0, load.waited_s, load.used_ago_s, load.bytes)  # a moment's wait is no signal
         note_use(memory, model, load, wanted_at.get(model, 0.0), now_wall)

@@ -1,0 +1,461 @@
+"""Pure builders for the objects the operator owns: worker pod templates and Deployments.
+
+Each takes the settings and a spec and returns a plain dict, so tests can read
+exactly what the API server will receive, and the handlers stay thin.
+
+A worker pod is two containers sharing an emptyDir at /models:
+- ``hotset-worker``: the pod's HTTP API, in-process frameworks, the model
+  manager; it writes Triton model folders into /models;
+- ``triton``: ``tritonserver --model-control-mode=explicit --model-repository=/models``,
+  listening on localhost only, so load/unload never leave the pod. Only pods
+  that may hold Triton models have it (``TritonSidecar``). It runs under a small
+  shell loop that starts tritonserver again when it exits, so a Triton crash
+  never stops the container: the pod stays Ready and in the router's map, and
+  only its Triton models are unready until the worker loads them again.
+
+GPUs (``OperatorConfig.gpu_mode``): with the device plugin (the default) each
+container requests its own count of ``nvidia.com/gpu`` and gets devices of its
+own. With Dynamic Resource Allocation the pod claims its devices once
+(``resourceClaims``, from the chart's ResourceClaimTemplate) and both
+containers name that one claim, so the worker and Triton see the same GPU(s).
+
+Scheduling (``Scheduling``): the chart's ``workers.scheduling`` for every
+worker pod, then a WorkerPool's ``spec.scheduling`` for its pool's pods or a
+dedicated ServedModel's for its group, field by field (``Scheduling.over``).
+All of it is decided here, in the pod template.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+from typing import Any, Iterable, Mapping, Sequence
+
+import pydantic
+
+from hotset_common import labels, model_store
+from hotset_common import sources as locations
+from hotset_common.spec import API_VERSION, KIND, Framework, ModelSpec, Placement, Scheduling, with_variants
+from hotset_operator import kinds
+from hotset_operator.config import GpuMode, OperatorConfig, TritonSidecar
+
+log = logging.getLogger(__name__)
+
+WORKER_CONTAINER = "hotset-worker"
+TRITON_CONTAINER = "triton"
+MODEL_REPOSITORY = "/models"
+SOURCE_ROOT = "/mnt/models"
+TRITON_HTTP_PORT = 8000
+TRITON_GRPC_PORT = 8001
+TRITON_METRICS_PORT = 8002
+RUN_AS_USER = 1000
+MANAGER = "hotset-operator"
+SPEC_HASH = "hotset.io/spec-hash"
+GPU_CLAIM = "gpu"  # dra: the pod's one ResourceClaim, named by both containers
+TOKEN_KEY = "token"  # the key of the workers' API token in its Secret
+# Remote sources (docs/frameworks.md, "Model sources"): the pod's source cache (both containers:
+# Triton reads cached Triton models in place), oci:// image volumes, the credentials Secret.
+SOURCE_CACHE = "/var/cache/hotset/sources"
+OCI_ROOT = "/mnt/oci"
+SOURCE_CREDENTIALS = "/var/run/hotset/source-credentials"
+# The worker keeps this file in /models while it runs (hotset_worker.main.RUNNING_MARKER):
+# Triton's preStop waits for it to go, so the sidecar outlives the worker's drain.
+WORKER_RUNNING_MARKER = ".hotset-worker-running"
+# Where the sidecar's loop writes tritonserver's pid (its /tmp emptyDir): `kill $(cat ...)` is a Triton crash.
+TRITON_PID_FILE = "/tmp/tritonserver.pid"
+# The sidecar's PID 1: run tritonserver ("$@"), start it again when it exits (after 1 s, doubling to
+# 30 s while it keeps failing within a minute), and on SIGTERM stop it and exit. POSIX sh (dash,
+# busybox, bash): NVIDIA's Triton image and the CPU one both have it. tests/hotset_testing/triton.py
+# runs the same loop around a real tritonserver.
+# The line the loop logs each time tritonserver exits (what operators grep for, and the kind tier waits on).
+TRITON_RESTART_LINE = "hotset: tritonserver exited"
+TRITON_SUPERVISOR = f"""\
+pidfile=${{HOTSET_TRITON_PID_FILE:-{TRITON_PID_FILE}}}
+child=
+stop() {{ trap - TERM INT; [ -n "$child" ] && kill -TERM "$child" 2>/dev/null; [ -n "$child" ] && wait "$child"; exit 0; }}
+trap stop TERM INT
+delay=1
+while :; do
+  started=$(date +%s)
+  "$@" &
+  child=$!
+  echo "$child" > "$pidfile"
+  wait "$child"
+  code=$?
+  [ $(( $(date +%s) - started )) -ge 60 ] && delay=1
+  echo "{TRITON_RESTART_LINE} with status $code; starting it again in $delay s" >&2
+  sleep "$delay"
+  delay=$(( delay * 2 > 30 ? 30 : delay * 2 ))
+done
+"""
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolPods:
+    """What a WorkerPool's spec says about its pods (the fields users own; the operator applies only
+    the size bounds): where they may run and whether they run the Triton sidecar. Unset: the chart's."""
+
+    scheduling: Scheduling = dataclasses.field(default_factory=Scheduling)
+    triton_sidecar: TritonSidecar | None = None
+
+    @classmethod
+    def of(cls, spec: Mapping[str, Any]) -> "PoolPods":
+        """From a WorkerPool's spec; a part that does not parse (the CRD's schema makes that rare)
+        is left to the chart's value, and logged."""
+        try:
+            scheduling = Scheduling.model_validate(spec.get("scheduling") or {})
+        except pydantic.ValidationError as exc:
+            log.error("WorkerPool spec.scheduling ignored: %s", exc)
+            scheduling = Scheduling()
+        sidecar = spec.get("tritonSidecar")
+        try:
+            return cls(scheduling, TritonSidecar(sidecar) if sidecar else None)
+        except ValueError:
+            log.error("WorkerPool spec.tritonSidecar %r ignored: not auto, always or never", sidecar)
+            return cls(scheduling)
+
+
+def pool_has_triton_sidecar(config: OperatorConfig, pods: PoolPods, serves_triton_models: bool) -> bool:
+    """Whether a shared pool's pods run the sidecar: its WorkerPool's choice, else the chart's; auto:
+    while the pool serves a Triton model (its pods roll when the first arrives and when the last goes)."""
+    mode = pods.triton_sidecar or config.triton_sidecar
+    return mode is TritonSidecar.ALWAYS or (mode is TritonSidecar.AUTO and serves_triton_models)
+
+
+def dedicated_has_triton_sidecar(config: OperatorConfig, spec: ModelSpec) -> bool:
+    """Whether a dedicated group's pods run the sidecar: auto, only for a Triton model."""
+    mode = config.triton_sidecar
+    return mode is TritonSidecar.ALWAYS or (mode is TritonSidecar.AUTO and spec.framework is Framework.TRITON)
+
+
+def dedicated_name(model: str) -> str:
+    """Name of the Deployment that pins `model` (a ServedModel name is at most 63 characters)."""
+    return f"{model}-dedicated"
+
+
+def worker_labels(dedicated_to: str | None = None) -> dict[str, str]:
+    """Labels on every worker pod: the worker's own, and its pool's (the shared pool, or the
+    dedicated group of `dedicated_to`); a pool's Deployment selects exactly these."""
+    return {labels.PART_OF: labels.PROJECT, labels.COMPONENT: labels.WORKER, **labels.pool_labels(dedicated_to)}
+
+
+def _http_probe(path: str, period: int, failures: int) -> dict[str, Any]:
+    return {"httpGet": {"path": path, "port": "http"}, "periodSeconds": period,
+            "timeoutSeconds": 3, "failureThreshold": failures}
+
+
+def _container_security() -> dict[str, Any]:
+    return {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}}
+
+
+def _resources(config: OperatorConfig, cpu: str, memory: str, device_plugin_gpus: int) -> dict[str, Any]:
+    """CPU and memory, and the container's GPUs: the pod's shared claim (dra) or its own count (devicePlugin)."""
+    limits: dict[str, Any] = {"cpu": cpu, "memory": memory}
+    if config.gpu_mode is GpuMode.DEVICE_PLUGIN and device_plugin_gpus:
+        limits[config.gpu_resource] = str(device_plugin_gpus)
+    resources: dict[str, Any] = {"requests": dict(limits), "limits": limits}
+    if config.gpu_mode is GpuMode.DRA:
+        resources["claims"] = [{"name": GPU_CLAIM}]
+    return resources
+
+
+def pod_resource_claims(config: OperatorConfig) -> list[dict[str, Any]]:
+    """dra: the one claim per pod, made by Kubernetes from the chart's ResourceClaimTemplate."""
+    if config.gpu_mode is not GpuMode.DRA:
+        return []
+    return [{"name": GPU_CLAIM, "resourceClaimTemplateName": config.gpu_claim_template}]
+
+
+def source_roots(config: OperatorConfig) -> str:
+    """``claim=/mnt/models/claim,...``: where each pvc:// claim is mounted in the worker."""
+    return ",".join(f"{claim}={SOURCE_ROOT}/{claim}" for claim in config.model_claims)
+
+
+def catalog_store(dedicated_to: str | None = None) -> str:
+    """The catalog a pool's pods follow: the shared pool's, or one dedicated model's. Keyed by
+    placement, not by name alone: no model name gives the shared pool's catalog."""
+    return "pool" if dedicated_to is None else f"dedicated/{dedicated_to}"
+
+
+def catalog_url(config: OperatorConfig, namespace: str, dedicated_to: str | None = None) -> str:
+    """The feed a pool's pods follow (``HOTSET_CATALOG_URL``): the operator's, for their pool."""
+    return f"{config.catalog_base_url()}{model_store.FEED_PATH}/{namespace}/{catalog_store(dedicated_to)}"
+
+
+def oci_images(specs: Iterable[ModelSpec]) -> list[locations.OciImage]:
+    """The oci:// sources of `specs` (and their canaries), each once, in a stable order: the image
+    volumes their pods mount."""
+    found: dict[str, locations.OciImage] = {}
+    for spec in with_variants(list(specs)):
+        if locations.scheme_of(spec.source) == "oci":
+            image = locations.parse(spec.source)
+            assert isinstance(image, locations.OciImage)
+            found[locations.oci_mount_name(image)] = image
+    return [found[name] for name in sorted(found)]
+
+
+def _source_env(config: OperatorConfig) -> list[dict[str, Any]]:
+    return [
+        {"name": "HOTSET_SOURCE_CACHE", "value": SOURCE_CACHE},
+        {"name": "HOTSET_SOURCE_CACHE_BYTES", "value": str(config.source_cache_bytes)},
+        {"name": "HOTSET_S3_ENDPOINT", "value": config.s3_endpoint},
+        {"name": "HOTSET_S3_REGION", "value": config.s3_region},
+        {"name": "HOTSET_S3_PATH_STYLE", "value": "on" if config.s3_path_style else "off"},
+        {"name": "HF_ENDPOINT", "value": config.hf_endpoint},
+        {"name": "HOTSET_OCI_ROOT", "value": OCI_ROOT},
+        {"name": "HOTSET_SOURCE_CREDENTIALS", "value": SOURCE_CREDENTIALS},
+    ]
+
+
+def _image_mounts(images: Sequence[locations.OciImage]) -> list[dict[str, Any]]:
+    return [{"name": locations.oci_mount_name(image), "mountPath": f"{OCI_ROOT}/{locations.oci_mount_name(image)}",
+             "readOnly": True} for image in images]
+
+
+def source_volumes(config: OperatorConfig, images: Sequence[locations.OciImage]) -> list[dict[str, Any]]:
+    """The source cache (a node folder, or an emptyDir of the budget's size per pod), the
+    credentials Secret (optional: a pool whose models name none has none), one image volume per
+    oci:// source."""
+    cache: dict[str, Any] = {"name": "source-cache"}
+    if config.source_cache_host_path:
+        cache["hostPath"] = {"path": config.source_cache_host_path, "type": "DirectoryOrCreate"}
+    else:
+        cache["emptyDir"] = {"sizeLimit": str(config.source_cache_bytes + config.source_cache_bytes // 4)}
+    volumes = [cache, {"name": "source-credentials",
+                       "secret": {"secretName": config.source_credentials_secret, "optional": True,
+                                  "defaultMode": 0o440}}]
+    volumes += [{"name": locations.oci_mount_name(image),
+                 "image": {"reference": image.reference, "pullPolicy": config.oci_pull_policy}} for image in images]
+    return volumes
+
+
+def build_worker_container(config: OperatorConfig, pinned: Sequence[str], namespace: str | None = None,
+                           dedicated_to: str | None = None, images: Sequence[locations.OciImage] = (),
+                           triton: bool = True) -> dict[str, Any]:
+    """The worker: readiness = pinned models loaded and serving (a pinned Triton model needs its
+    sidecar); liveness never depends on a model. `triton`: whether the pod has the sidecar."""
+    env = [
+        {"name": "HOTSET_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "HOTSET_HOST", "value": "0.0.0.0"},
+        {"name": "HOTSET_PORT", "value": str(config.worker_port)},
+        {"name": "HOTSET_PINNED_MODELS", "value": ",".join(pinned)},
+        {"name": "HOTSET_MEMORY_BUDGET", "value": str(config.pod_memory_budget)},
+        # Without a sidecar the worker has no Triton backend (its Triton models are refused, 503).
+        *([{"name": "HOTSET_TRITON_URL", "value": f"127.0.0.1:{TRITON_HTTP_PORT}"}] if triton else []),
+        {"name": "HOTSET_TRITON_REPOSITORY", "value": MODEL_REPOSITORY},
+        # Its pool's catalog, followed from the operator (docs/architecture.md, "The catalog").
+        {"name": "HOTSET_CATALOG_URL", "value": catalog_url(config, namespace or config.namespace, dedicated_to)},
+        {"name": "HOTSET_SOURCE_ROOTS", "value": source_roots(config)},
+        # What a ServedModel may make the pod run (docs/security.md): file:// only under these
+        # folders, Triton models only on these backends.
+        {"name": "HOTSET_FILE_ROOTS", "value": ",".join(config.file_roots)},
+        {"name": "HOTSET_TRITON_BACKENDS", "value": ",".join(config.triton_backends)},
+        {"name": "HOTSET_DRAIN_SECONDS", "value": str(config.drain_seconds)},
+        *_source_env(config),
+        {"name": "HOME", "value": "/tmp"},
+    ]
+    if config.worker_token_secret:  # only the router and the operator hold it
+        env.append({"name": "HOTSET_API_TOKEN",
+                    "valueFrom": {"secretKeyRef": {"name": config.worker_token_secret, "key": TOKEN_KEY}}})
+    mounts = [{"name": "model-repository", "mountPath": MODEL_REPOSITORY},
+              {"name": "worker-tmp", "mountPath": "/tmp"},
+              {"name": "source-cache", "mountPath": SOURCE_CACHE},
+              {"name": "source-credentials", "mountPath": SOURCE_CREDENTIALS, "readOnly": True}]
+    mounts += [{"name": f"claim-{claim}", "mountPath": f"{SOURCE_ROOT}/{claim}", "readOnly": True}
+               for claim in config.model_claims]
+    mounts += _image_mounts(images)
+    return {
+        "name": WORKER_CONTAINER,
+        "image": config.worker_image,
+        "imagePullPolicy": config.image_pull_policy,
+        "command": ["hotset-worker"],
+        "env": env,
+        "ports": [{"name": "http", "containerPort": config.worker_port, "protocol": "TCP"}],
+        "readinessProbe": _http_probe("/v2/health/ready", period=5, failures=3),
+        "livenessProbe": _http_probe("/v2/health/live", period=10, failures=6),
+        # Pinned loads can take minutes: liveness and readiness wait until this passes once.
+        "startupProbe": _http_probe("/v2/health/ready", period=5, failures=config.startup_probe_failure_threshold),
+        "resources": _resources(config, config.worker_cpu, config.worker_memory, config.gpus_per_pod),
+        "securityContext": _container_security(),
+        "volumeMounts": mounts,
+    }
+
+
+def build_triton_container(config: OperatorConfig, images: Sequence[locations.OciImage] = ()) -> dict[str, Any]:
+    """The Triton sidecar: explicit model control, HTTP/gRPC on localhost, metrics for scraping."""
+    return {
+        "name": TRITON_CONTAINER,
+        "image": config.triton_image,
+        "imagePullPolicy": config.image_pull_policy,
+        "command": ["/bin/sh", "-c", TRITON_SUPERVISOR, "triton-supervisor"],
+        "args": [
+            "tritonserver",
+            "--model-control-mode=explicit",
+            f"--model-repository={MODEL_REPOSITORY}",
+            "--http-address=127.0.0.1", f"--http-port={TRITON_HTTP_PORT}",
+            "--grpc-address=127.0.0.1", f"--grpc-port={TRITON_GRPC_PORT}",
+            f"--metrics-port={TRITON_METRICS_PORT}",
+            # Strict readiness flaps during explicit loads; the worker judges readiness.
+            "--strict-readiness=false",
+            "--exit-on-error=false",
+        ],
+        "ports": [{"name": "triton-metrics", "containerPort": TRITON_METRICS_PORT, "protocol": "TCP"}],
+        # Pod deletion signals both containers at once; Triton must keep serving the requests the
+        # worker drains, so it stops only once the worker is gone (bounded by the grace period).
+        "lifecycle": {"preStop": {"exec": {"command": [
+            "/bin/sh", "-c",
+            f"i=0; while [ -e {MODEL_REPOSITORY}/{WORKER_RUNNING_MARKER} ] && [ $i -lt 50 ]; do sleep 1; i=$((i+1)); done",
+        ]}}},
+        "resources": _resources(config, config.triton_cpu, config.triton_memory, config.triton_gpus),
+        "securityContext": _container_security(),
+        # The source cache and image volumes at the worker's paths: staged models link into them.
+        "volumeMounts": [{"name": "model-repository", "mountPath": MODEL_REPOSITORY, "readOnly": True},
+                         {"name": "triton-tmp", "mountPath": "/tmp"},
+                         {"name": "source-cache", "mountPath": SOURCE_CACHE, "readOnly": True},
+                         *_image_mounts(images)],
+    }
+
+
+def build_worker_pod_template(config: OperatorConfig, dedicated_to: str | None, pinned: Sequence[str],
+                              annotations: dict[str, str] | None = None, namespace: str | None = None,
+                              images: Sequence[locations.OciImage] = (), scheduling: Scheduling | None = None,
+                              triton: bool = True) -> dict[str, Any]:
+    """A worker pod: the worker (and, with `triton`, the Triton sidecar sharing /models), non-root,
+    GPUs from the settings, placed by `scheduling` over the chart's workers.scheduling.
+
+    Each pool follows only its own catalog, so the router (which places a model only on pods
+    whose catalog lists it) never puts other models on a dedicated group, nor its model on the pool."""
+    volumes: list[dict[str, Any]] = [
+        {"name": "model-repository", "emptyDir": {}},
+        {"name": "worker-tmp", "emptyDir": {}},
+        *([{"name": "triton-tmp", "emptyDir": {}}] if triton else []),
+    ]
+    volumes += [{"name": f"claim-{claim}", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
+                for claim in config.model_claims]
+    volumes += source_volumes(config, images)
+    template = {
+        "metadata": {"labels": worker_labels(dedicated_to), **({"annotations": annotations} if annotations else {})},
+        "spec": {
+            # Workers never call the API server: no token in the pod.
+            "automountServiceAccountToken": False,
+            "terminationGracePeriodSeconds": 60,
+            "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS_USER, "runAsGroup": RUN_AS_USER,
+                                "fsGroup": RUN_AS_USER, "seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [build_worker_container(config, pinned, namespace, dedicated_to, images, triton),
+                           *([build_triton_container(config, images)] if triton else [])],
+            "volumes": volumes,
+            **(scheduling or Scheduling()).over(config.worker_scheduling).pod_fields(),
+        },
+    }
+    if config.worker_service_account:
+        template["spec"]["serviceAccountName"] = config.worker_service_account
+    if claims := pod_resource_claims(config):
+        template["spec"]["resourceClaims"] = claims
+    return template
+
+
+def _deployment(name: str, namespace: str, dedicated_to: str | None, replicas: int,
+                template: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": namespace,
+                     "labels": {**worker_labels(dedicated_to), labels.MANAGED_BY: MANAGER}},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": worker_labels(dedicated_to)},
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+            "template": template,
+        },
+    }
+
+
+def owner_reference(body: dict[str, Any]) -> dict[str, Any]:
+    """Makes Kubernetes garbage-collect a child when its ServedModel goes."""
+    meta = body["metadata"]
+    return {"apiVersion": API_VERSION, "kind": KIND, "name": meta["name"], "uid": meta["uid"],
+            "controller": True, "blockOwnerDeletion": True}
+
+
+def build_dedicated_deployment(spec: ModelSpec, body: dict[str, Any], config: OperatorConfig,
+                               replicas: int | None = None) -> dict[str, Any]:
+    """A latency-optimized instance group: pods that each pin this one model. `replicas` None: the
+    manifest leaves them to the autoscaler's field manager (replicas.min..max on demand)."""
+    # A changed spec rolls the group, so its pods load the model as now declared.
+    namespace = body["metadata"]["namespace"]
+    template = build_worker_pod_template(config, dedicated_to=spec.id, pinned=[spec.id],
+                                         annotations={SPEC_HASH: spec_hash(spec)}, namespace=namespace,
+                                         images=oci_images([spec]), scheduling=spec.scheduling,
+                                         triton=dedicated_has_triton_sidecar(config, spec))
+    deployment = _deployment(dedicated_name(spec.id), namespace, spec.id, replicas or 0, template)
+    if replicas is None:
+        del deployment["spec"]["replicas"]
+    deployment["metadata"]["ownerReferences"] = [owner_reference(body)]
+    return deployment
+
+
+def build_pool_deployment(config: OperatorConfig, replicas: int,
+                          owners: Sequence[dict[str, Any]] = (), namespace: str | None = None,
+                          images: Sequence[locations.OciImage] = (), pods: PoolPods = PoolPods(),
+                          serves_triton_models: bool = True) -> dict[str, Any]:
+    """A shared pool: pods pin nothing; the router places models on them. `owners`: its WorkerPool
+    (or the operator's Deployment), so the pool goes with it. `images`: its models' oci:// sources
+    (``oci_images``), mounted as image volumes: a change of that set rolls the pool's pods. `pods`:
+    its WorkerPool's scheduling and sidecar choice; `serves_triton_models`: whether a Triton model
+    is among its models."""
+    namespace = namespace or config.namespace
+    template = build_worker_pod_template(config, dedicated_to=None, pinned=[], namespace=namespace, images=images,
+                                         scheduling=pods.scheduling,
+                                         triton=pool_has_triton_sidecar(config, pods, serves_triton_models))
+    deployment = _deployment(config.pool_name, namespace, None, replicas, template)
+    if owners:
+        deployment["metadata"]["ownerReferences"] = list(owners)
+    return deployment
+
+
+def pool_selector() -> str:
+    """The label selector of a shared pool's pods (a WorkerPool's status.selector, for the HPA)."""
+    return ",".join(f"{k}={v}" for k, v in worker_labels(None).items())
+
+
+def build_worker_pool(config: OperatorConfig, namespace: str, min_pods: int,
+                      owners: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+    """The WorkerPool of one namespace's shared pool: its bounds and who scales it (the fields the
+    operator owns; spec.replicas belongs to the autoscaler, the operator's or the HPA's)."""
+    metadata: dict[str, Any] = {"name": config.pool_name, "namespace": namespace,
+                                "labels": {labels.PART_OF: labels.PROJECT, labels.MANAGED_BY: MANAGER}}
+    if owners:
+        metadata["ownerReferences"] = list(owners)
+    return {"apiVersion": kinds.API_VERSION, "kind": kinds.WORKER_POOL, "metadata": metadata,
+            "spec": {"minReplicas": min_pods, "maxReplicas": config.pool_max_pods,
+                     "autoscaling": config.pool_autoscaling.value}}
+
+
+def is_ours(found: tuple[list[str], str], uid: str) -> bool:
+    """A Deployment (its owner uids and managed-by label, kube.deployment_owners) owned by the
+    ServedModel `uid`, or left without owner by this operator (its label says so)."""
+    owners, managed_by = found
+    return uid in owners or (not owners and managed_by == MANAGER)
+
+
+def build_disruption_budget(name: str, namespace: str, dedicated_to: str | None,
+                            owner: dict[str, Any] | None = None) -> dict[str, Any]:
+    """At most one pod of a pool away at a time for voluntary disruptions (drains, upgrades):
+    a model's other copies keep serving while one pod drains."""
+    budget: dict[str, Any] = {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": name, "namespace": namespace,
+                     "labels": {**worker_labels(dedicated_to), labels.MANAGED_BY: MANAGER}},
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": worker_labels(dedicated_to)}},
+    }
+    if owner is not None:
+        budget["metadata"]["ownerReferences"] = [owner_reference(owner)]
+    return budget
+
+
+def spec_hash(spec: ModelSpec) -> str:
+    """What rolls a dedicated group: its model's entry as its pods read it."""
+    return hashlib.sha256(json.dumps(model_store.store_entry(spec), sort_keys=True).encode()).hexdigest()[:16]

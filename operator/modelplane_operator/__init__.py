@@ -1,1 +1,0 @@
-"""The modelplane operator: turns ServedModels into worker pods and keeps their status honest."""

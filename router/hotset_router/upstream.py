@@ -15,8 +15,9 @@ from urllib.parse import quote
 import aiohttp
 import yarl
 
-from modelplane_common import errors
-from modelplane_common.wire import TIMEOUT_HEADER, VARIANT_HEADER, VERSION_HEADER, WorkerStatus
+from hotset_common import errors
+from hotset_common.wire import (ROUTER_ID_HEADER, STATUS_LIMIT, STATUS_SINCE, TIMEOUT_HEADER, VARIANT_HEADER,
+                                 VERSION_HEADER, WorkerStatus)
 
 # Headers a worker's answer keeps on its way back through the router. Content-Encoding goes with
 # the body it describes (a client that asked for gzip with Accept-Encoding gets it from Triton).
@@ -36,7 +37,7 @@ class PodUnreachable(Exception):
         self.url = url
 
 
-class WorkerError(errors.ModelplaneError):
+class WorkerError(errors.HotsetError):
     """A worker answered an admin call with an error; its status and message are kept."""
 
     def __init__(self, status_code: int, message: str, headers: Mapping[str, str] | None = None) -> None:
@@ -120,12 +121,13 @@ class WorkerClient:
     """One pooled HTTP client (aiohttp: a fraction of httpx's per-request CPU) for every worker."""
 
     def __init__(self, request_timeout_s: float = 60.0, load_timeout_s: float = 300.0, status_timeout_s: float = 2.0,
-                 worker_token: str = "") -> None:
+                 worker_token: str = "", router_id: str = "") -> None:
         self.request_timeout = aiohttp.ClientTimeout(total=request_timeout_s)
         self.load_timeout = aiohttp.ClientTimeout(total=load_timeout_s)
         self.status_timeout = aiohttp.ClientTimeout(total=status_timeout_s)
         # Workers in cluster mode answer only callers with their API token (the router and the operator).
         self._auth = {"Authorization": f"Bearer {worker_token}"} if worker_token else {}
+        self._router = {ROUTER_ID_HEADER: router_id} if router_id else {}  # on status calls: who asks
         self._session: aiohttp.ClientSession | None = None
 
     def _http(self) -> aiohttp.ClientSession:
@@ -143,11 +145,20 @@ class WorkerClient:
         if self._session is not None:
             await self._session.close()
 
+    def _headers(self, headers: Mapping[str, str] | None, passed_only: bool = False) -> dict[str, str]:
+        """What every call to a worker carries, whole or streamed: the caller's headers (only
+        PASSED_REQUEST_HEADERS of a client's, among them the time left, ``X-Hotset-Timeout``) and the
+        worker token. The one place both are added, so no route can reach a worker without them."""
+        given = headers or {}
+        kept = {k: v for k, v in given.items() if k.lower() in PASSED_REQUEST_HEADERS} if passed_only else dict(given)
+        return {**kept, **self._auth}
+
     async def _send(self, url: str, method: str, path: str, timeout: aiohttp.ClientTimeout,
-                    body: bytes | None = None, headers: Mapping[str, str] | None = None) -> UpstreamResponse:
+                    body: bytes | None = None, headers: Mapping[str, str] | None = None,
+                    passed_only: bool = False) -> UpstreamResponse:
         try:
             async with self._http().request(method, yarl.URL(url + path, encoded=True), data=body,
-                                            headers={**(headers or {}), **self._auth}, timeout=timeout,
+                                            headers=self._headers(headers, passed_only), timeout=timeout,
                                             allow_redirects=False) as response:
                 content = await response.read()
                 return UpstreamResponse(response.status, dict(response.headers), content)
@@ -156,8 +167,15 @@ class WorkerClient:
         except (aiohttp.ClientError, OSError) as exc:  # refused, reset, or not speaking HTTP at all
             raise PodUnreachable(url, exc) from exc
 
-    async def status(self, url: str) -> WorkerStatus:
-        response = await self._send(url, "GET", "/status", self.status_timeout)
+    async def status(self, url: str, since: str | None = None, limit: int | None = None) -> WorkerStatus:
+        """The worker's report: whole, or what changed after the cursor `since` (at most `limit` entries)."""
+        query = []
+        if since is not None:
+            query.append(f"{STATUS_SINCE}={quote(since, safe='')}")
+        if limit is not None:
+            query.append(f"{STATUS_LIMIT}={limit}")
+        path = "/status" + ("?" + "&".join(query) if query else "")
+        response = await self._send(url, "GET", path, self.status_timeout, headers=self._router)
         if response.status_code != 200:
             raise WorkerError(response.status_code, f"status of {url}: {error_message(response)}")
         return WorkerStatus.model_validate_json(response.content)
@@ -181,12 +199,11 @@ class WorkerClient:
                    timeout_s: float, idle_timeout_s: float) -> UpstreamStream:
         """Send a client's request as it is and return as soon as the worker's answer starts: within
         `timeout_s` for the status and headers, then at most `idle_timeout_s` between two chunks."""
-        passed = {k: v for k, v in headers.items() if k.lower() in PASSED_REQUEST_HEADERS}
         timeout = aiohttp.ClientTimeout(total=None, sock_read=idle_timeout_s)
         try:
             response = await asyncio.wait_for(
-                self._http().request(method, url + path, data=body or None, headers=passed, timeout=timeout,
-                                     allow_redirects=False),
+                self._http().request(method, url + path, data=body or None, headers=self._headers(headers, passed_only=True),
+                                     timeout=timeout, allow_redirects=False),
                 max(timeout_s, 0.001))
         except asyncio.TimeoutError as exc:
             raise errors.UpstreamTimeout(f"worker {url} did not start answering {method} {path} within {timeout_s:.1f}s") from exc
@@ -199,6 +216,5 @@ class WorkerClient:
         """Send a client's request to a worker as it is, within `timeout_s` (default: the request
         timeout); the worker's answer comes back as it is. `path` is the client's raw path, still
         percent-encoded: a ``%3F`` in a path segment must not become a query upstream."""
-        passed = {k: v for k, v in headers.items() if k.lower() in PASSED_REQUEST_HEADERS}
         timeout = self.request_timeout if timeout_s is None else aiohttp.ClientTimeout(total=max(timeout_s, 0.001))
-        return await self._send(url, method, path, timeout, body or None, passed)
+        return await self._send(url, method, path, timeout, body or None, headers, passed_only=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from modelplane_common.wire import CatalogEntry, ModelMetadata
+from hotset_common.wire import CatalogEntry, ModelMetadata
 
 
 class ModelCatalog:

@@ -3,7 +3,7 @@
 Cold models are bin-packed: the pod where the model fits with the least room
 left over (best fit), so pods fill up and idle pods can be removed. When no
 pod has room, the pod whose evictions cost least, planned with the worker's
-own eviction policy (``modelplane_common.eviction``, fed from the worker's
+own eviction policy (``hotset_common.eviction``, fed from the worker's
 report), so the router's plan is the worker's decision: the victims are the
 ones the worker will pick, and their cost is the reload seconds they give up.
 Pinned copies are never planned for eviction, copies requests wait for
@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
-from modelplane_common.eviction import Candidate, EvictionPolicy, choose_victims, eviction_cost, value_band
-from modelplane_common.wire import CopyState
+from hotset_common.eviction import Candidate, EvictionPolicy, choose_victims, eviction_cost, value_band
+from hotset_common.wire import CopyState
 
 DEFAULT_GRANULARITY_BYTES = 16 * 2**20
 
@@ -163,20 +163,29 @@ def spread_first(model: str, need_bytes: int, pods: Sequence[PodRoom]) -> Decisi
     return Decision(chosen.url, "fit")
 
 
-def rooms_from_map(model_map: "ModelMapLike") -> list[PodRoom]:
-    """Snapshots of the map's ready pods, with the router's own pending loads subtracted."""
+def rooms_from_map(model_map: "ModelMapLike", urls: Iterable[str] | None = None, evictable: bool = True) -> list[PodRoom]:
+    """Snapshots of the map's ready pods (of `urls` only, when given), with the router's own pending
+    loads subtracted. `evictable=False`: without their copies (best fit needs only the room, and
+    listing every copy of every pod is the costly part)."""
+    now = model_map.now()
+    pods = model_map.ready_pods() if urls is None else [p for u in urls if (p := model_map.pod(u)) is not None and p.ready]
     rooms = []
-    for pod in model_map.ready_pods():
-        evictable = tuple(c.candidate() for c in pod.copies.values() if c.state == CopyState.READY and not c.pinned)
-        pinned = sum(c.bytes for c in pod.copies.values() if c.pinned and c.state != CopyState.FAILED)
+    for pod in pods:
+        candidates: tuple[Candidate, ...] = ()
+        pinned = 0
+        if evictable:
+            candidates = tuple(c.candidate(now) for c in pod.copies.values() if c.state == CopyState.READY and not c.pinned)
+            pinned = sum(c.bytes for c in pod.copies.values() if c.pinned and c.state != CopyState.FAILED)
         rooms.append(PodRoom(
-            pod.url, pod.name, model_map.free_bytes(pod.url), pod.budget_bytes, pod.node, evictable,
+            pod.url, pod.name, model_map.free_bytes(pod.url), pod.budget_bytes, pod.node, candidates,
             EvictionPolicy(churn_guard_s=pod.churn_guard_s), model_map.free_slots(pod.url), pinned, pod.queued,
         ))
     return rooms
 
 
 class ModelMapLike:  # pragma: no cover - typing aid only
+    def now(self) -> float: ...
+    def pod(self, url: str) -> Any: ...
     def ready_pods(self) -> list: ...
     def free_bytes(self, url: str) -> int: ...
     def free_slots(self, url: str) -> int | None: ...

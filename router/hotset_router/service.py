@@ -1,4 +1,4 @@
-"""Wires the router's parts together and runs its two background loops.
+"""Wires the router's parts together and runs its background loops (status sync, copy loop, loop-lag watch).
 
 Everything is built from explicit settings (no environment, no globals), so
 tests and benchmarks can build a router in-process with their own settings.
@@ -8,18 +8,20 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import random
+import secrets
 
-from modelplane_common import labels
-from modelplane_common.spec import Placement
-from modelplane_router import placement
-from modelplane_router.discovery import Discovery
-from modelplane_router.model_map import ModelMap
-from modelplane_router.pod_waiter import PodWaiter
-from modelplane_router.replication import ModelLimits, ReplicationPolicy, ReplicationSettings
-from modelplane_router.routing import Router
-from modelplane_router.status_sync import StatusSync
-from modelplane_router.telemetry import RouterMetrics
-from modelplane_router.upstream import WorkerClient
+from hotset_common import labels
+from hotset_common.spec import Placement
+from hotset_router import placement
+from hotset_router.discovery import Discovery
+from hotset_router.model_map import ModelMap
+from hotset_router.pod_waiter import PodWaiter
+from hotset_router.replicas import Replicas
+from hotset_router.replication import ModelLimits, ReplicationPolicy, ReplicationSettings
+from hotset_router.routing import Router
+from hotset_router.status_sync import DEFAULT_PAGE, StatusSync
+from hotset_router.telemetry import DEFAULT_MAX_MODEL_SERIES, DEFAULT_SERIES_IDLE_S, RouterMetrics, watch_loop_lag
+from hotset_router.upstream import WorkerClient
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,6 +36,10 @@ class RouterSettings:
     replication: ReplicationSettings = ReplicationSettings()
     placement: placement.PlacementSettings = placement.PlacementSettings()
     seed: int | None = None
+    router_id: str = ""  # this replica's name to the workers (its pod name in cluster mode); "": a random one
+    status_page: int = DEFAULT_PAGE  # entries per status answer
+    max_model_series: int = DEFAULT_MAX_MODEL_SERIES  # models with per-model metric series at once
+    model_series_idle_s: float = DEFAULT_SERIES_IDLE_S  # a model's series go after this long without a request
 
 
 class RouterService:
@@ -42,15 +48,20 @@ class RouterService:
     def __init__(self, discovery: Discovery, settings: RouterSettings = RouterSettings()) -> None:
         self.discovery = discovery
         self.settings = settings
-        self.model_map = ModelMap()
-        self.metrics = RouterMetrics()
-        self.client = WorkerClient(settings.request_timeout_s, settings.load_timeout_s, worker_token=settings.worker_token)
-        self.sync = StatusSync(self.model_map, self.client, discovery, settings.sync_interval_s)
+        self.router_id = settings.router_id or f"router-{secrets.token_hex(4)}"
+        self.policy = ReplicationPolicy(settings.replication)
+        # Demand is what the workers report they served, so every replica counts the same (replication.py).
+        self.model_map = ModelMap(on_arrivals=self.policy.record_arrivals)
+        self.replicas = Replicas(self.router_id, self.model_map.router_ids)
+        self.metrics = RouterMetrics(settings.max_model_series, settings.model_series_idle_s)
+        self.client = WorkerClient(settings.request_timeout_s, settings.load_timeout_s, worker_token=settings.worker_token,
+                                   router_id=self.router_id)
+        self.sync = StatusSync(self.model_map, self.client, discovery, settings.sync_interval_s, page=settings.status_page)
         self.router = Router(
             self.model_map,
             self.client,
             self.sync,
-            ReplicationPolicy(settings.replication),
+            self.policy,
             self.limits_for,
             self.metrics,
             settings.placement,
@@ -58,6 +69,8 @@ class RouterService:
             settings.retry_after_s,
             self.eligible,
             request_timeout_s=settings.request_timeout_s,
+            owns=self.replicas.owns,
+            changed_specs=getattr(discovery, "take_changed_specs", set),  # a discovery without it: specs fixed
         )
         mark_wanted = getattr(discovery, "mark_wanted", None)  # cluster mode: pods can be started
         if mark_wanted is not None:
@@ -91,6 +104,7 @@ class RouterService:
         self._tasks = [
             asyncio.ensure_future(self.sync.run()),
             asyncio.ensure_future(self.router.run_control_loop(self.settings.control_interval_s)),
+            asyncio.ensure_future(watch_loop_lag(self.metrics.loop_lag)),
         ]
 
     async def stop(self) -> None:

@@ -1,4 +1,4 @@
-"""The modelplane router: one gateway in front of many worker pods.
+"""The hotset router: one gateway in front of many worker pods.
 
 The request path reads from the module names: ``api`` -> ``routing`` ->
 ``placement`` -> ``model_map``. ``discovery`` finds the pods, ``status_sync``

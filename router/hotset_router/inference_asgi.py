@@ -28,18 +28,19 @@ from typing import Annotated, Any, Awaitable, Callable, Mapping
 
 import msgspec
 
-from modelplane_common import errors, http
-from modelplane_common.wire import VERSION_HEADER
-from modelplane_router.routing import Router
-from modelplane_router.telemetry import RouterMetrics
-from modelplane_router.upstream import PASSED_RESPONSE_HEADERS, UpstreamResponse
+from hotset_common import errors, http, wire
+from hotset_common.wire import VERSION_HEADER
+from hotset_router import telemetry
+from hotset_router.routing import Router
+from hotset_router.telemetry import RouterMetrics
+from hotset_router.upstream import PASSED_RESPONSE_HEADERS, UpstreamResponse
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-UNKNOWN_MODEL_LABEL = "_unknown"
+UNKNOWN_MODEL_LABEL = telemetry.UNKNOWN_MODEL
 INFER_PATH = re.compile(r"^/v2/models/(?P<name>[^/]+)(?:/versions/[^/]+)?/infer$")
 
 
@@ -52,13 +53,16 @@ class _PredictHead(msgspec.Struct):
 
 
 def model_of_predict(body: bytes) -> str:
-    """The model id of a seed ``/predict`` body; 422 naming what is wrong."""
+    """The model id of a seed ``/predict`` body; 422 naming what is wrong, 400 for a body nested
+    past what the parser takes (msgspec raises RecursionError there)."""
     try:
-        return msgspec.json.decode(body, type=_PredictHead).model_id
+        return wire.requested_model(msgspec.json.decode(body, type=_PredictHead).model_id)
     except msgspec.ValidationError as exc:
         raise errors.InvalidRequest(f"invalid /predict request: {exc}") from None
     except msgspec.DecodeError as exc:
         raise errors.InvalidRequest(f"invalid /predict request: the body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise errors.NestedTooDeeply() from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,8 +98,9 @@ async def read_body(receive: Receive, headers: Mapping[str, str], limit_bytes: i
 
 
 def metric_label(router: Router, model: str) -> str:
-    """The model's name, or one shared label for names no worker knows (clients must not mint series)."""
-    return model if router.model_map.is_known(model) else UNKNOWN_MODEL_LABEL
+    """The model's label: its name while it has series of its own, one shared label past the limit, and
+    another for names no worker knows (clients must not mint series; telemetry.py)."""
+    return router.metrics.label(model, router.model_map.is_known(model))
 
 
 async def respond(send: Send, status: int, body: bytes, headers: Mapping[str, str]) -> None:
@@ -190,15 +195,17 @@ class InferenceRoutes:
             body = await read_body(receive, headers, self.max_body_bytes, lambda size: self._grow(reserved, size))
             if model is None:
                 model = model_of_predict(http.decompress(body, headers.get("content-encoding"), self.max_body_bytes))
+            else:
+                wire.requested_model(model)
             cold = self._wait_cold(model)
             path = scope.get("raw_path", b"").decode("latin-1") or scope["path"]
             upstream: UpstreamResponse = await self.router.forward(model, "POST", path, body, headers)
             code = upstream.status_code
             passed = {k: v for k, v in upstream.headers.items() if k.lower() in PASSED_RESPONSE_HEADERS}
             if version := passed.get(VERSION_HEADER) or upstream.headers.get(VERSION_HEADER):
-                self.metrics.versions.labels(metric_label(self.router, model), version).inc()
+                self.metrics.answered_by(metric_label(self.router, model), version)
             await respond(send, code, upstream.content, passed)
-        except errors.ModelplaneError as exc:
+        except errors.HotsetError as exc:
             code = exc.status_code
             payload = json.dumps(http.error_body(exc.message)).encode()
             await respond(send, code, payload, {"content-type": "application/json", **exc.headers})
@@ -209,6 +216,4 @@ class InferenceRoutes:
             if cold and model is not None:
                 self._done_cold(model)
             if model is not None:
-                label = metric_label(self.router, model)
-                self.metrics.requests.labels(label, str(code)).inc()
-                self.metrics.latency.labels(label).observe(time.perf_counter() - started)
+                self.metrics.request(metric_label(self.router, model), code, time.perf_counter() - started)

@@ -5,7 +5,11 @@ the workers read. Cluster: the Kubernetes API, watched with the kubernetes
 client's ``watch.Watch`` (worker pods by label selector, ready condition and
 pod IP; ServedModel objects), in one namespace, a list of them, or all. Both
 expose the same small interface to the rest of the router: ``urls()``,
-``node_of(url)``, ``spec_of(model)``, ``draining(url)``.
+``node_of(url)``, ``spec_of(model)``, ``draining(url)``, and
+``take_changed_specs()`` (the models whose spec changed since the last
+call: the copy loop looks at those, not at every model). Lookups by URL and
+by model name are dict lookups (the request path and the copy loop make
+them per model).
 
 Cluster mode's watches run in threads while the router's event loop reads
 what they found: every change replaces the whole table under a lock (readers
@@ -17,16 +21,15 @@ half-open, on the client too), so discovery cannot freeze.
 """
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Protocol, Sequence
 
-from modelplane_common import labels
-from modelplane_common import spec as spec_module
-from modelplane_common.spec import ModelSpec
+from hotset_common import labels, model_store
+from hotset_common import spec as spec_module
+from hotset_common.spec import ModelSpec
 
 log = logging.getLogger(__name__)
 
@@ -38,29 +41,13 @@ class Discovery(Protocol):
     def spec_of(self, model: str) -> ModelSpec | None: ...
     def specs(self) -> list[ModelSpec]: ...
     def draining(self, url: str) -> bool: ...
+    def take_changed_specs(self) -> set[str]: ...
 
 
 def read_model_store(path: Path) -> dict[str, ModelSpec]:
-    """Specs from a model store JSON (``{"models": [...]}`` or a list); bad entries are skipped with a log line."""
-    raw = json.loads(path.read_text())
-    entries = raw.get("models", []) if isinstance(raw, dict) else raw
-    specs: dict[str, ModelSpec] = {}
-    for entry in entries:
-        entry = dict(entry)
-        source = entry.get("source")
-        if isinstance(source, dict):
-            entry["source"] = source.get("uri", "")
-        if isinstance(entry.get("source"), str) and "://" not in entry["source"]:
-            entry["source"] = "file://" + str((path.parent / entry["source"]).resolve())
-        if "task" not in entry and "type" in entry:
-            entry["task"] = entry["type"]
-        try:
-            model = ModelSpec.model_validate(entry)
-        except ValueError as exc:
-            log.warning("model store %s: skipping %r: %s", path, entry.get("id"), exc)
-            continue
-        specs[model.id] = model
-    return specs
+    """Specs from a model store JSON, read exactly as the workers read it (hotset_common.model_store):
+    a file the workers refuse is refused here too, naming the model and the field."""
+    return {spec.id: spec for spec in model_store.read_file(path)}
 
 
 class StaticDiscovery:
@@ -87,6 +74,9 @@ class StaticDiscovery:
 
     def draining(self, url: str) -> bool:
         return False
+
+    def take_changed_specs(self) -> set[str]:
+        return set()  # fixed at start; the copy loop's first pass looks at every model anyway
 
 
 def pod_url(pod: Any, port: int) -> str | None:
@@ -147,6 +137,9 @@ class KubeDiscovery:
         # Replaced whole (copy on write) under the lock; readers use the reference they got.
         self._pods: dict[tuple[str, str], _Pod] = {}  # (namespace, pod name) -> where and what
         self._models: dict[tuple[str, str], _Model] = {}  # (namespace, model name) -> spec
+        self._by_url: dict[str, _Pod] = {}  # the same pods by URL
+        self._by_name: dict[str, dict[str, _Model]] = {}  # model name -> namespace -> its ServedModel
+        self._changed_specs: set[str] = set()  # model names whose ServedModels changed (under the lock)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._watches: dict[str, Any] = {}  # the current watch of each thread
@@ -157,10 +150,10 @@ class KubeDiscovery:
 
     # --- interface ---------------------------------------------------------------------
     def urls(self) -> list[str]:
-        return sorted(pod.url for pod in list(self._pods.values()))
+        return sorted(self._by_url)
 
     def _pod(self, url: str) -> _Pod | None:
-        return next((pod for pod in list(self._pods.values()) if pod.url == url), None)
+        return self._by_url.get(url)
 
     def node_of(self, url: str) -> str:
         pod = self._pod(url)
@@ -176,7 +169,7 @@ class KubeDiscovery:
         return pod.draining if pod else False
 
     def _model(self, name: str) -> _Model | None:
-        found = [m for (_, model), m in list(self._models.items()) if model == name]
+        found = self._by_name.get(name, {}).values()
         return min(found, key=lambda m: (not m.accepted, m.created, m.namespace), default=None)
 
     def spec_of(self, model: str) -> ModelSpec | None:
@@ -189,8 +182,40 @@ class KubeDiscovery:
         return found.namespace if found else None
 
     def specs(self) -> list[ModelSpec]:
-        names = {name for _, name in list(self._models)}
-        return [spec for name in sorted(names) if (spec := self.spec_of(name)) is not None]
+        return [spec for name in sorted(self._by_name) if (spec := self.spec_of(name)) is not None]
+
+    def take_changed_specs(self) -> set[str]:
+        with self._lock:
+            changed, self._changed_specs = self._changed_specs, set()
+        return changed
+
+    def _set_pods(self, pods: dict[tuple[str, str], _Pod]) -> None:
+        """Swap in a new pod table and its index (under the lock; readers keep the one they got)."""
+        self._pods = pods
+        self._by_url = {pod.url: pod for pod in pods.values()}
+
+    def _set_models(self, models: dict[tuple[str, str], _Model], key: tuple[str, str] | None = None) -> None:
+        """Swap in a new model table (under the lock) and its index by name: for one changed `key`,
+        that name's entry; for a whole listing (no key), all of it. Changed names are noted."""
+        if key is None:
+            by_name: dict[str, dict[str, _Model]] = {}
+            for (namespace, name), model in models.items():
+                by_name.setdefault(name, {})[namespace] = model
+            self._changed_specs.update(name for name in {*self._by_name, *by_name}
+                                       if self._by_name.get(name) != by_name.get(name))
+        else:
+            namespace, name = key
+            entries = {ns: m for ns, m in self._by_name.get(name, {}).items() if ns != namespace}
+            if key in models:
+                entries[namespace] = models[key]
+            by_name = dict(self._by_name)
+            if entries:
+                by_name[name] = entries
+            else:
+                by_name.pop(name, None)
+            self._changed_specs.add(name)
+        self._models = models
+        self._by_name = by_name
 
     def mark_wanted(self, model: str, value: str) -> None:
         """Annotate the model's ServedModel (labels.WANTED_AT): the operator starts a pod for it."""
@@ -249,7 +274,7 @@ class KubeDiscovery:
                 pods.pop(key, None)
             else:
                 pods[key] = entry
-            self._pods = pods
+            self._set_pods(pods)
 
     def _model_entry(self, body: dict[str, Any]) -> _Model | None:
         meta = body.get("metadata", {})
@@ -271,7 +296,7 @@ class KubeDiscovery:
                 models.pop(key, None)
             else:
                 models[key] = entry
-            self._models = models
+            self._set_models(models, key)
 
     def _pod_lister(self, scope: str | None) -> tuple[Callable[..., Any], tuple[Any, ...]]:
         """The kubernetes client call (and its leading arguments) that lists worker pods in `scope`
@@ -294,7 +319,7 @@ class KubeDiscovery:
         fresh = {(pod.metadata.namespace or self.namespace, pod.metadata.name): entry
                  for pod in listing.items if (entry := self._pod_entry(pod)) is not None}
         with self._lock:  # swapped whole: never empty while the watch restarts
-            self._pods = {k: v for k, v in self._pods.items() if scope is not None and k[0] != scope} | fresh
+            self._set_pods({k: v for k, v in self._pods.items() if scope is not None and k[0] != scope} | fresh)
         w = self._watches[f"pods-{scope or 'all'}"] = watch.Watch()
         for event in w.stream(lister, *args, label_selector=self.label_selector,
                               resource_version=listing.metadata.resource_version, **self._watch_timeouts()):
@@ -310,7 +335,8 @@ class KubeDiscovery:
         fresh = {(entry.namespace, item["metadata"]["name"]): entry for item in listing.get("items", [])
                  if (entry := self._model_entry(item)) is not None}
         with self._lock:
-            self._models = {k: v for k, v in self._models.items() if scope is not None and k[0] != scope} | fresh
+            models = {k: v for k, v in self._models.items() if scope is not None and k[0] != scope} | fresh
+            self._set_models(models)
         w = self._watches[f"servedmodels-{scope or 'all'}"] = watch.Watch()
         for event in w.stream(lister, *args, resource_version=listing.get("metadata", {}).get("resourceVersion"),
                               **self._watch_timeouts()):

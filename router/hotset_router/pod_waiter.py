@@ -4,7 +4,7 @@ A dedicated group with ``replicas.min: 0`` (or a pool allowed to shrink to
 no pods) has no pod after its idle time. The first request for it then finds
 no pod whose catalog lists the model. Instead of answering 503 at once, the
 router asks the operator for a pod (it annotates the model's ServedModel
-with ``modelplane.io/wanted-at``: the one write the router makes), and holds
+with ``hotset.io/wanted-at``: the one write the router makes), and holds
 the request until the status sync brings a ready pod that can serve it (the
 normal path then forwards it: a cold load on the new pod), or answers 503
 with Retry-After once the request's deadline passes. Nothing polls on
@@ -17,11 +17,11 @@ import logging
 import time
 from typing import Callable, Protocol
 
-from modelplane_common import errors
-from modelplane_router.discovery import Discovery
-from modelplane_router.model_map import ModelMap
-from modelplane_router.status_sync import StatusSync
-from modelplane_router.telemetry import RouterMetrics
+from hotset_common import errors
+from hotset_router.discovery import Discovery
+from hotset_router.model_map import ModelMap
+from hotset_router.status_sync import StatusSync
+from hotset_router.telemetry import RouterMetrics
 
 log = logging.getLogger(__name__)
 MARK_EVERY_S = 1.0  # re-annotate while requests keep waiting: the operator sees the demand is still live
@@ -63,7 +63,7 @@ class PodWaiter:
         while not self.can_serve(model):
             left = deadline - loop.time()
             if left <= 0:
-                self.metrics.pod_waits.labels(model, "deadline").inc()
+                self.metrics.held(model, "deadline")
                 raise errors.BackendUnavailable(
                     f"no pod of {model!r} is ready yet: one was asked for {loop.time() - started:.1f}s ago and is "
                     "starting; the request's deadline passed first", self.retry_after_s)
@@ -72,8 +72,7 @@ class PodWaiter:
                 await asyncio.wait_for(self.sync.changed(), min(left, MARK_EVERY_S))
             except (asyncio.TimeoutError, TimeoutError):
                 pass
-        self.metrics.pod_waits.labels(model, "served").inc()
-        self.metrics.pod_wait.labels(model).observe(loop.time() - started)
+        self.metrics.held(model, "served", loop.time() - started)
 
     def _mark(self, model: str, now: float) -> None:
         """Annotate the model's ServedModel, at most every MARK_EVERY_S, off the event loop."""

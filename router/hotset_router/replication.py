@@ -1,7 +1,14 @@
 """When a hot model gets another copy, and when an extra copy goes.
 
-The policy only counts and decides; the routing layer carries its decisions
+The policy only counts and decides; the copy loop carries its decisions
 out. Time comes from an injected clock so tests never sleep.
+
+Demand is what the workers served, not what this router sent: the map turns
+each worker's reported request counts into arrivals (``record_arrivals``),
+and in-flight requests are the workers' own figures, so every router
+replica sees the same demand and reaches the same decision (with R replicas
+a hot model does not need R times the load to get a copy); one of them,
+chosen per model (replicas.py), carries it out.
 
 - Scale up when, over the last ``window_s``, requests per second per ready
   copy pass ``rps_per_copy`` or in-flight requests per copy pass
@@ -18,7 +25,7 @@ import dataclasses
 import time
 from typing import Callable
 
-from modelplane_common.spec import DEFAULT_IDLE_SECONDS
+from hotset_common.spec import DEFAULT_IDLE_SECONDS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,23 +60,49 @@ class ReplicationPolicy:
     def __init__(self, settings: ReplicationSettings, clock: Callable[[], float] = time.monotonic) -> None:
         self.settings = settings
         self._clock = clock
-        self._arrivals: dict[str, collections.deque[float]] = collections.defaultdict(collections.deque)
+        self._window: collections.deque[tuple[float, str, float]] = collections.deque()  # (when, model, how many)
+        self._in_window: dict[str, float] = {}  # model -> arrivals within the window
+        self._fast: set[str] = set()  # models whose arrivals in the window pass one copy's threshold
         self._last_scale_up: dict[str, float] = {}
         self._last_scale_down: dict[str, float] = {}
         self._cool_since: dict[str, float] = {}
 
     def record_request(self, model: str) -> None:
-        self._arrivals[model].append(self._clock())
+        self.record_arrivals(model, 1.0)
+
+    def record_arrivals(self, model: str, count: float) -> None:
+        """`count` requests for `model` arrived now (a worker's report says it served them)."""
+        self._window.append((self._clock(), model, count))
+        total = self._in_window[model] = self._in_window.get(model, 0.0) + count
+        if total > self._one_copy_limit():
+            self._fast.add(model)
+
+    def _one_copy_limit(self) -> float:
+        return self.settings.rps_per_copy * self.settings.window_s
+
+    def _forget_old(self) -> None:
+        """Let arrivals older than the window go (each once: work in proportion to arrivals)."""
+        horizon = self._clock() - self.settings.window_s
+        while self._window and self._window[0][0] < horizon:
+            _, model, count = self._window.popleft()
+            left = self._in_window[model] - count
+            if left <= 1e-9:
+                del self._in_window[model]
+                self._fast.discard(model)
+            else:
+                self._in_window[model] = left
+                if left <= self._one_copy_limit():
+                    self._fast.discard(model)
 
     def rate(self, model: str) -> float:
         """Requests per second for `model` over the window."""
-        arrivals = self._arrivals.get(model)
-        if not arrivals:
-            return 0.0
-        horizon = self._clock() - self.settings.window_s
-        while arrivals and arrivals[0] < horizon:
-            arrivals.popleft()
-        return len(arrivals) / self.settings.window_s
+        self._forget_old()
+        return self._in_window.get(model, 0.0) / self.settings.window_s
+
+    def fast_models(self) -> set[str]:
+        """Models whose request rate passes one copy's threshold: the only ones hot by rate."""
+        self._forget_old()
+        return set(self._fast)
 
     def decide(self, model: str, ready_copies: int, loading_copies: int, inflight: int, limits: ModelLimits) -> Action | None:
         """One decision for one model, given what the map shows now."""

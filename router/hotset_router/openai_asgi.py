@@ -18,11 +18,11 @@ import json
 import time
 from typing import Any, Mapping
 
-from modelplane_common import errors, openai_wire
-from modelplane_common.spec import Task
-from modelplane_router.inference_asgi import ASGIApp, Receive, Scope, Send, metric_label, read_body
-from modelplane_router.service import RouterService
-from modelplane_router.upstream import PASSED_RESPONSE_HEADERS, UpstreamStream
+from hotset_common import errors, openai_wire
+from hotset_common.spec import Task
+from hotset_router.inference_asgi import ASGIApp, Receive, Scope, Send, metric_label, read_body
+from hotset_router.service import RouterService
+from hotset_router.upstream import PASSED_RESPONSE_HEADERS, UpstreamStream
 
 OPENAI_TASKS = (Task.TEXT_GENERATION.value, Task.EMBEDDING.value)
 # Said on every event stream, so that proxies in front of the router do not hold events back.
@@ -87,7 +87,7 @@ class OpenAIRoutes:
             base = self.service.sync.catalog.base_of(model)
             answer = await self.router.open_stream(model, "POST", scope["path"], body, headers,
                                                    prefix=request.prefix, base=base)
-        except errors.ModelplaneError as exc:
+        except errors.HotsetError as exc:
             code, payload = openai_wire.body_of_error(exc)
             await respond_json(send, code, payload, exc.headers)
             self._record(model, code, started)
@@ -119,6 +119,4 @@ class OpenAIRoutes:
     def _record(self, model: str | None, code: int, started: float) -> None:
         if model is None:
             return
-        label = metric_label(self.router, model)
-        self.metrics.requests.labels(label, str(code)).inc()
-        self.metrics.latency.labels(label).observe(time.perf_counter() - started)
+        self.metrics.request(metric_label(self.router, model), code, time.perf_counter() - started)

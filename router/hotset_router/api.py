@@ -8,6 +8,7 @@ does not carry it.
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import time
@@ -17,15 +18,15 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from modelplane_common import errors, http, wire
-from modelplane_common.http import error_body, install_error_handler
-from modelplane_common.wire import CopyState
-from modelplane_router.inference_asgi import InferenceRoutes, Limits, metric_label
-from modelplane_router.openai_asgi import OpenAIRoutes
-from modelplane_router.service import RouterService
-from modelplane_router.upstream import PASSED_RESPONSE_HEADERS, UpstreamResponse
+from hotset_common import errors, http, wire
+from hotset_common.http import error_body, install_error_handler
+from hotset_common.wire import CopyState
+from hotset_router.inference_asgi import InferenceRoutes, Limits, metric_label
+from hotset_router.openai_asgi import OpenAIRoutes
+from hotset_router.service import RouterService
+from hotset_router.upstream import PASSED_RESPONSE_HEADERS, UpstreamResponse
 
-SERVER_NAME = "modelplane-router"
+SERVER_NAME = "hotset-router"
 DEFAULT_MAX_BODY_BYTES = 64 * 2**20
 
 
@@ -101,13 +102,11 @@ def create_app(service: RouterService, admin_token: str | None = None, max_body_
             upstream = await router.forward(name, "GET", path, b"", request.headers, load=False)
             code = str(upstream.status_code)
             return passed_response(upstream)
-        except errors.ModelplaneError as exc:
+        except errors.HotsetError as exc:
             code = str(exc.status_code)
             raise
         finally:
-            label = metric_label(router, name)
-            metrics.requests.labels(label, code).inc()
-            metrics.latency.labels(label).observe(time.perf_counter() - started)
+            metrics.request(metric_label(router, name), code, time.perf_counter() - started)
 
     @app.get("/v2/models/{name}/ready")
     @app.get("/v2/models/{name}/versions/{version}/ready")
@@ -173,17 +172,20 @@ def create_app(service: RouterService, admin_token: str | None = None, max_body_
 
     @app.post("/predict", openapi_extra=_body(_PREDICT_SCHEMA), summary="Seed inference (served by inference_asgi)")
     async def predict_described() -> Response:
-        raise errors.ModelplaneError("/predict is served in front of this app")  # never reached
+        raise errors.HotsetError("/predict is served in front of this app")  # never reached
 
     @app.post("/v2/models/{name}/infer", openapi_extra=_body(_INFER_SCHEMA), summary="OIP v2 inference (served by inference_asgi)")
     @app.post("/v2/models/{name}/versions/{version}/infer", openapi_extra=_body(_INFER_SCHEMA))
     async def infer_described(name: str, version: str | None = None) -> Response:
-        raise errors.ModelplaneError("infer is served in front of this app")  # never reached
+        raise errors.HotsetError("infer is served in front of this app")  # never reached
 
     @app.get("/metrics")
     async def prometheus() -> Response:
-        metrics.pods.set(len(service.model_map.pods()))
-        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        metrics.before_scrape(pods=len(service.model_map.pods()))
+        # On a thread: thousands of bounded per-model series still take long to render, and the
+        # event loop carries every request.
+        body = await asyncio.to_thread(generate_latest, metrics.registry)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     limits = limits or Limits(max_body_bytes=max_body_bytes)
     inference = InferenceRoutes(app, router, metrics, dataclasses.replace(limits, max_body_bytes=max_body_bytes))

@@ -1,0 +1,173 @@
+"""Sending a request to the copy its target choice names, within its deadline, retrying once elsewhere.
+
+- A connection failure or 5xx is retried once on another target; the pod
+  leaves the map (connection failure: it is asked for its status at once)
+  or the copy is skipped until the worker's next report (5xx). A worker's
+  4xx goes back to the client as is.
+- With no ready copy the request itself goes to the pod where its model is
+  loading or where placement puts it: the worker loads the model for it
+  and serves it as soon as it is ready (one load however many requests join).
+- Every attempt tells the worker the time left (``X-Hotset-Timeout``) and
+  counts in the copy's in-flight requests while it lasts.
+- Scale from zero: with no pod able to serve the model, the request first
+  waits (within its deadline) while one starts (pod_waiter.py).
+- Streams (the OpenAI routes) take the same path and return as soon as the
+  answer starts; the copy counts the request until the caller closes it.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Awaitable, Callable, Mapping, TypeVar
+
+from hotset_common import errors
+from hotset_common.wire import TIMEOUT_HEADER
+from hotset_router.deadlines import Deadlines
+from hotset_router.model_map import ModelMap
+from hotset_router.pod_waiter import PodWaiter
+from hotset_router.status_sync import StatusSync
+from hotset_router.targets import Targets
+from hotset_router.telemetry import RouterMetrics
+from hotset_router.upstream import PodUnreachable, UpstreamResponse, UpstreamStream, WorkerClient
+
+log = logging.getLogger("hotset_router.routing")
+
+Answer = TypeVar("Answer", UpstreamResponse, UpstreamStream)  # what one attempt at a pod returns
+
+
+class Forwarder:
+    def __init__(self, model_map: ModelMap, client: Callable[[], WorkerClient], sync: StatusSync, targets: Targets,
+                 metrics: RouterMetrics, deadlines: Deadlines, retry_after_s: int) -> None:
+        self.model_map = model_map
+        self._client = client  # the router's current client (tests replace it on the router)
+        self.sync = sync
+        self.targets = targets
+        self.metrics = metrics
+        self.deadlines = deadlines
+        self.retry_after_s = retry_after_s
+        self.pod_waiter: PodWaiter | None = None  # cluster mode: hold a request while a pod of its model starts
+
+    @property
+    def client(self) -> WorkerClient:
+        return self._client()
+
+    async def forward(self, model: str, method: str, path: str, body: bytes, headers: Mapping[str, str],
+                      load: bool = True) -> UpstreamResponse:
+        """Send a request for `model` to a copy within its deadline, retrying once elsewhere on failure.
+        `load=False` (metadata): never place a copy; any pod that can load the model answers from its store."""
+        deadline = self.deadlines.deadline(headers)
+        if load:
+            await self.hold_for_pod(model, deadline)
+            if "/versions/" not in path:  # a request that names a version gets that version
+                model, headers = self.targets.with_variant(model, headers)
+
+        async def attempt(url: str, cold: bool) -> UpstreamResponse | None:
+            return await self._try(url, model, method, path, body, headers, deadline, cold and load)
+
+        return await self._with_one_retry(model, deadline, lambda tried: self.targets.target(model, tried, load), attempt)
+
+    async def open_stream(self, model: str, method: str, path: str, body: bytes, headers: Mapping[str, str],
+                          prefix: str = "", base: str = "") -> UpstreamStream:
+        """``forward`` for answers that stream: the same targets (``Targets.stream_target``), but the
+        answer is returned as soon as it starts, for the caller to pass on chunk by chunk and close.
+        A pod that fails, or answers 5xx, before its answer starts costs one retry elsewhere; once an
+        answer streams, it is the answer."""
+        deadline = self.deadlines.deadline(headers)
+        await self.hold_for_pod(model, deadline)
+
+        async def attempt(url: str, loads: tuple[str, ...]) -> UpstreamStream | None:
+            return await self._open(url, model, method, path, body, headers, deadline, loads)
+
+        return await self._with_one_retry(model, deadline,
+                                          lambda tried: self.targets.stream_target(model, tried, prefix, base),
+                                          attempt, discard=lambda stream: stream.close())
+
+    async def _with_one_retry(self, model: str, deadline: float, target: Callable[[list[str]], tuple[str, Any] | None],
+                              attempt: Callable[[str, Any], Awaitable[Answer | None]],
+                              discard: Callable[[Answer], None] = lambda _: None) -> Answer:
+        """Try `model`'s next target (`target(tried)`: (url, what the attempt needs), None: nowhere
+        left), and once more elsewhere if the pod did not answer or answered 5xx, within `deadline`.
+        A 5xx with no other copy to try is the answer; an answer replaced by a later one is
+        `discard`ed (a stream's is closed)."""
+        tried: list[str] = []
+        kept: Answer | None = None
+        for number in range(2):
+            found = target(tried)
+            if found is None:
+                break
+            url, needs = found
+            if number > 0:
+                self.metrics.retried(model)
+            answer = await attempt(url, needs)
+            if answer is not None:
+                if kept is not None:
+                    discard(kept)
+                if answer.status_code < 500:
+                    return answer
+                kept = answer
+            tried.append(url)
+            if self.deadlines.time_left(deadline) <= 0:
+                break
+        if kept is not None:
+            return kept  # a 5xx with no other copy to try: the worker's answer stands
+        raise errors.BackendUnavailable(f"no ready copy of {model!r} answered", self.retry_after_s)
+
+    async def hold_for_pod(self, model: str, deadline: float) -> None:
+        """Scale from zero: with no pod able to serve `model`, wait (within `deadline`) while one starts
+        (pod_waiter.py); at once otherwise, and always in standalone mode."""
+        if self.pod_waiter is not None:
+            await self.pod_waiter.wait(model, deadline)
+
+    async def _try(self, url: str, model: str, method: str, path: str, body: bytes, headers: Mapping[str, str],
+                   deadline: float, loads: bool = False) -> UpstreamResponse | None:
+        """One attempt within `deadline` (the worker is told the time left); None if the pod did not
+        answer. `loads`: this request loads the model there."""
+        self.model_map.begin_request(url, model)
+        response: UpstreamResponse | None = None
+        left = self.deadlines.time_left(deadline)
+        try:
+            response = await self.client.forward(url, method, path, body, {**headers, TIMEOUT_HEADER: f"{max(left, 0.001):.3f}"},
+                                                 timeout_s=left + 0.5)  # the worker answers its own deadline first
+        except PodUnreachable as exc:
+            log.warning("%s", exc)
+            # A dead pod also fails its status call and leaves the map at once; a stale
+            # keep-alive connection on a live pod does not cost the pod its place.
+            await self.sync.refresh(url)
+            return None
+        finally:
+            self.model_map.end_request(url, model)
+            if loads:
+                if response is not None and response.status_code == 200:
+                    self.model_map.record_loaded(url, model, self.model_map.estimated_bytes(model))
+                else:
+                    self.model_map.release_load(url, model)
+        if response.status_code >= 500:
+            log.warning("worker %s answered %s for %s", url, response.status_code, model)
+            self.model_map.mark_copy_failed(url, model)
+        return response
+
+    async def _open(self, url: str, model: str, method: str, path: str, body: bytes, headers: Mapping[str, str],
+                    deadline: float, loads: tuple[str, ...]) -> UpstreamStream | None:
+        """One attempt; None if the pod did not answer. In flight on the copy until the answer is closed."""
+        self.model_map.begin_request(url, model)
+        left = self.deadlines.time_left(deadline)
+        answer: UpstreamStream | None = None
+        try:
+            answer = await self.client.open(url, method, path, body, {**headers, TIMEOUT_HEADER: f"{max(left, 0.001):.3f}"},
+                                            timeout_s=left + 0.5, idle_timeout_s=self.deadlines.request_timeout_s)
+        except PodUnreachable as exc:
+            log.warning("%s", exc)
+            await self.sync.refresh(url)
+            return None
+        finally:
+            for loaded in loads:
+                if answer is not None and answer.status_code == 200:
+                    self.model_map.record_loaded(url, loaded, self.model_map.estimated_bytes(loaded))
+                else:
+                    self.model_map.release_load(url, loaded)
+            if answer is None:
+                self.model_map.end_request(url, model)
+        answer.on_close(lambda: self.model_map.end_request(url, model))
+        if answer.status_code >= 500:
+            log.warning("worker %s answered %s for %s", url, answer.status_code, model)
+            self.model_map.mark_copy_failed(url, model)
+        return answer

@@ -1,0 +1,138 @@
+"""``hotset-router``: the gateway in standalone mode (a list of worker URLs) or cluster mode.
+
+Every option also reads an environment variable (``HOTSET_ROUTER_*``,
+``HOTSET_ADMIN_TOKEN``), which is how the Helm chart configures it.
+Arguments and environment are read here and nowhere else.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import socket
+from pathlib import Path
+from typing import Sequence
+
+import uvicorn
+
+from hotset_common import labels, quantity
+from hotset_router.api import DEFAULT_MAX_BODY_BYTES, create_app
+from hotset_router.inference_asgi import Limits
+from hotset_router.discovery import Discovery, KubeDiscovery, StaticDiscovery, read_model_store
+from hotset_router.replication import ReplicationSettings
+from hotset_router.service import RouterService, RouterSettings
+
+
+def env(name: str, default: str | None = None) -> str | None:
+    return os.environ.get(name, default)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="hotset-router", description=__doc__)
+    p.add_argument("--workers", default=env("HOTSET_ROUTER_WORKERS", ""),
+                   help="standalone mode: comma-separated worker URLs (http://host:port)")
+    p.add_argument("--model-store", default=env("HOTSET_MODEL_STORE"),
+                   help="standalone mode: the workers' model store JSON, for min/max copies of each model")
+    p.add_argument("--cluster", action="store_true", default=env("HOTSET_ROUTER_CLUSTER", "") in ("1", "true"),
+                   help="cluster mode: discover worker pods and ServedModels through the Kubernetes API")
+    p.add_argument("--namespace", default=env("HOTSET_NAMESPACE", "default"))
+    p.add_argument("--watch-namespaces", default=env("HOTSET_ROUTER_WATCH_NAMESPACES", ""),
+                   help="cluster mode: comma-separated namespaces whose worker pods and ServedModels to watch; "
+                        "'*': every namespace; empty: --namespace alone (match the operator's watchNamespaces)")
+    p.add_argument("--worker-selector", default=env("HOTSET_WORKER_SELECTOR", labels.WORKER_SELECTOR))
+    p.add_argument("--worker-port", type=int, default=int(env("HOTSET_WORKER_PORT", "8080")))
+    p.add_argument("--kubeconfig", default=env("KUBECONFIG"))
+    p.add_argument("--host", default=env("HOTSET_ROUTER_HOST", "127.0.0.1"))
+    p.add_argument("--port", type=int, default=int(env("HOTSET_ROUTER_PORT", "8080")))
+    p.add_argument("--admin-token", default=env("HOTSET_ADMIN_TOKEN"),
+                   help="bearer token for load/unload through the gateway; without it they answer 403")
+    p.add_argument("--max-body-bytes", default=env("HOTSET_MAX_BODY_BYTES", str(DEFAULT_MAX_BODY_BYTES)))
+    p.add_argument("--sync-interval", type=float, default=float(env("HOTSET_ROUTER_SYNC_INTERVAL", "1.0")))
+    p.add_argument("--request-timeout", type=float, default=float(env("HOTSET_ROUTER_REQUEST_TIMEOUT", "60")))
+    p.add_argument("--load-timeout", type=float, default=float(env("HOTSET_ROUTER_LOAD_TIMEOUT", "300")))
+    p.add_argument("--default-max-copies", type=int, default=int(env("HOTSET_ROUTER_DEFAULT_MAX_COPIES", "1")))
+    p.add_argument("--replicate-rps-per-copy", type=float, default=float(env("HOTSET_ROUTER_REPLICATE_RPS", "20")))
+    p.add_argument("--replicate-inflight-per-copy", type=float, default=float(env("HOTSET_ROUTER_REPLICATE_INFLIGHT", "4")))
+    p.add_argument("--replicate-window", type=float, default=float(env("HOTSET_ROUTER_REPLICATE_WINDOW", "5")))
+    p.add_argument("--idle-copy-seconds", type=float, default=float(env("HOTSET_ROUTER_IDLE_COPY_SECONDS", "60")))
+    p.add_argument("--churn-guard-seconds", type=float, default=float(env("HOTSET_ROUTER_CHURN_GUARD_SECONDS", "30")),
+                   help="replication: no copy added right after one was removed, and the reverse, for this long "
+                        "(eviction follows each worker's own churn guard, from its report)")
+    p.add_argument("--worker-token", default=env("HOTSET_WORKER_TOKEN", ""),
+                   help="bearer token the workers require (cluster mode: from the chart's Secret); empty: none")
+    p.add_argument("--max-requests", type=int, default=int(env("HOTSET_ROUTER_MAX_REQUESTS", "1024")),
+                   help="inference requests served at once; past it 503 with Retry-After")
+    p.add_argument("--max-body-bytes-in-flight", default=env("HOTSET_ROUTER_MAX_BODY_BYTES_IN_FLIGHT", "512Mi"),
+                   help="bytes of request bodies held at once; past it 503 with Retry-After")
+    p.add_argument("--max-cold-waiters", type=int, default=int(env("HOTSET_ROUTER_MAX_COLD_WAITERS", "256")),
+                   help="requests per model that may wait while it has no ready copy; past it 503 with Retry-After")
+    p.add_argument("--watch-timeout", type=float, default=float(env("HOTSET_ROUTER_WATCH_TIMEOUT", "300")),
+                   help="cluster mode: seconds a Kubernetes watch runs before it is restarted (also its read timeout)")
+    p.add_argument("--router-id", default=env("HOTSET_ROUTER_ID", ""),
+                   help="this replica's name to the workers, unique among the replicas (default: host name and "
+                        "process id; the pod name in cluster mode)")
+    p.add_argument("--max-model-series", type=int, default=int(env("HOTSET_ROUTER_MAX_MODEL_SERIES", "500")),
+                   help="models with per-model metric series at once; the rest are counted as model=\"_other\"")
+    p.add_argument("--model-series-idle-seconds", type=float,
+                   default=float(env("HOTSET_ROUTER_MODEL_SERIES_IDLE_SECONDS", "300")),
+                   help="a model's metric series go after this long without a request")
+    p.add_argument("--log-level", default=env("HOTSET_LOG_LEVEL", "info"))
+    return p.parse_args(argv)
+
+
+def build_discovery(args: argparse.Namespace) -> Discovery:
+    if args.cluster:
+        from kubernetes import config
+
+        if args.kubeconfig:
+            config.load_kube_config(args.kubeconfig)
+        else:
+            config.load_incluster_config()
+        namespaces = [n.strip() for n in args.watch_namespaces.split(",") if n.strip()] or [args.namespace]
+        discovery = KubeDiscovery(args.namespace, args.worker_selector, args.worker_port, namespaces=namespaces,
+                                  watch_timeout_s=args.watch_timeout)
+        discovery.start()
+        return discovery
+    urls = [u.strip() for u in args.workers.split(",") if u.strip()]
+    if not urls:
+        raise SystemExit("hotset-router: give --workers URL,URL... (standalone) or --cluster")
+    specs = read_model_store(Path(args.model_store)) if args.model_store else {}
+    return StaticDiscovery(urls, specs)
+
+
+def build_settings(args: argparse.Namespace) -> RouterSettings:
+    return RouterSettings(
+        sync_interval_s=args.sync_interval,
+        control_interval_s=args.sync_interval,
+        request_timeout_s=args.request_timeout,
+        load_timeout_s=args.load_timeout,
+        worker_token=args.worker_token.strip(),
+        default_max_copies=args.default_max_copies,
+        router_id=args.router_id or f"{socket.gethostname()}-{os.getpid()}",
+        max_model_series=args.max_model_series,
+        model_series_idle_s=args.model_series_idle_seconds,
+        replication=ReplicationSettings(
+            rps_per_copy=args.replicate_rps_per_copy,
+            inflight_per_copy=args.replicate_inflight_per_copy,
+            window_s=args.replicate_window,
+            idle_s=args.idle_copy_seconds,
+            churn_guard_s=args.churn_guard_seconds,
+        ),
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    service = RouterService(build_discovery(args), build_settings(args))
+    limits = Limits(max_requests=args.max_requests,
+                    max_body_bytes_in_flight=quantity.parse_bytes(args.max_body_bytes_in_flight),
+                    max_cold_waiters=args.max_cold_waiters)
+    app = create_app(service, args.admin_token, quantity.parse_bytes(args.max_body_bytes), limits)
+    # timeout_graceful_shutdown: on SIGTERM, requests in flight get this long to finish.
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level.lower(), access_log=False,
+                timeout_graceful_shutdown=30)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,353 @@
+"""The worker pod's HTTP API: seed endpoints, Open Inference Protocol v2, status and metrics.
+
+Endpoints are thin: they read the body (refusing oversized ones with 413),
+call the data plane or the manager, and shape the answer. Every error is a
+HotsetError turned into ``{"detail": message, "error": message}`` with its
+status by the one shared handler. Choices worth knowing:
+
+- ``GET /v2/models/{name}`` never loads: a model that is not loaded is
+  described from the store with empty ``inputs``/``outputs``; load it first
+  (``POST /v2/repository/models/{name}/load``) to see its tensors.
+- ``POST /v2/models/{name}/infer`` on a loaded model whose framework forwards
+  OIP itself (triton) passes the body on untouched and returns the backend's
+  answer untouched (see ``FrameworkWorker.forward_infer``).
+- ``GET /v2/models/{name}/ready`` is 200 when loaded and ready, 503 when the
+  model is known but not ready, 404 when unknown.
+- A load that fails is a 500 naming the cause (missing/corrupt files), 503
+  when a backend it needs is down or there is no room beside pinned models,
+  507 when it can never fit the budget; the cache is unchanged in each case.
+  The failure stays in ``/status`` (a FAILED copy with its reason) and in the
+  repository index (UNAVAILABLE with the reason) until a load succeeds or
+  the model is unloaded; a retry within the back-off answers it again at once.
+- ``/v2/health/ready`` is 200 only when every pinned model is loaded and can
+  serve (a pinned Triton model needs its sidecar ready), the start-up
+  preparation (importing the store's frameworks) is done and the worker is
+  not draining (after SIGTERM); ``/v2/health/live`` depends on nothing but
+  the process. A Triton sidecar that is down (it crashed, its loop starts it
+  again) unreadies only its models: the pod keeps serving the others, and
+  ``/status`` reports those copies LOADING (coming back: the worker drops
+  them once the sidecar answers without them, and loads them again), so the
+  router sends their requests nowhere they would fail meanwhile.
+- With an API token (cluster mode), every endpoint but the health probes,
+  ``/metrics`` and the OpenAPI description needs ``Authorization: Bearer
+  <token>`` (401): only the router and the operator hold it.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from typing import Any, AsyncIterator, Callable
+
+import pydantic
+from fastapi import FastAPI, Header, Request, Response
+from fastapi.responses import JSONResponse
+
+from hotset_common import errors, http, wire
+from hotset_worker import codec, openai_routes, status_report
+from hotset_worker.backends import Backends
+from hotset_worker.dataplane import OFF_LOOP_BYTES, DataPlane
+from hotset_worker.limits import DEFAULT_MAX_QUEUE as DEFAULT_MAX_MODEL_QUEUE, ModelLimiter
+from hotset_worker.manager import ModelManager, RequestTiming
+from hotset_worker.metrics import WorkerMetrics
+from hotset_worker.models_report import ModelsReport
+
+log = logging.getLogger(__name__)
+
+SERVER_NAME = "hotset-worker"
+TRITON = "triton"  # the backend /status reports as triton_ready
+SERVER_VERSION = "0.1.0"
+DEFAULT_MAX_BODY_BYTES = 64 * 2**20
+# Paths that answer without the API token: the kubelet's probes, Prometheus, the API's description.
+OPEN_PATHS = frozenset({"/v2/health/live", "/v2/health/ready", "/metrics", "/openapi.json", "/docs"})
+
+
+def create_app(
+    manager: ModelManager,
+    metrics: WorkerMetrics,
+    backends: Backends,
+    *,
+    pod_name: str,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    load_pinned: bool = True,
+    pinned_check_s: float = 5.0,
+    prepare: Callable[[], None] | None = None,
+    backend_sync_s: float = 1.0,
+    inference_threads: int | None = None,
+    api_token: str = "",
+    max_model_queue: int = DEFAULT_MAX_MODEL_QUEUE,
+    draining: Callable[[], bool] = lambda: False,
+) -> FastAPI:
+    """A worker app around an assembled manager; it owns their lifetime from start-up to shutdown.
+
+    `prepare` runs on a thread at start-up without delaying it (e.g. importing
+    the frameworks the store uses, so the first cold load does not pay for it).
+    Every `backend_sync_s`, what each backend (the Triton sidecar) holds is compared with
+    the table (a restarted sidecar comes back empty; see backends). `api_token`: see the module
+    docstring. `draining()` says the server is shutting down: readiness answers 503 so that
+    no new traffic comes, while requests already sent are still served.
+    """
+    report = ModelsReport(manager)
+    reports = status_report.StatusReports(manager, pod_name)
+    dataplane = DataPlane(manager, metrics, backends, ModelLimiter(metrics, max_model_queue, clock=manager.clock),
+                          inference_threads)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        preparing = asyncio.create_task(_prepare_then_set(prepare, prepared))
+        background = []
+        if load_pinned:
+            background.append(asyncio.create_task(manager.keep_pinned_loaded(pinned_check_s)))
+        background.append(asyncio.create_task(backends.keep_in_sync(manager, backend_sync_s)))
+        try:
+            yield
+        finally:
+            await asyncio.gather(preparing, return_exceptions=True)
+            for task in background:
+                task.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
+            await manager.close()
+            dataplane.close()
+            await backends.aclose()
+
+    app = FastAPI(title="hotset worker", version=SERVER_VERSION, lifespan=lifespan)
+    http.install_error_handler(app)
+    if api_token:
+        app.add_middleware(RequireToken, token=api_token)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        if isinstance(exc, RecursionError):  # a value nested past what some step could walk: the input's fault
+            refused = errors.NestedTooDeeply()
+            return JSONResponse(http.error_body(refused.message), status_code=refused.status_code)
+        log.exception("unhandled error", exc_info=exc)
+        return JSONResponse(http.error_body(f"internal error: {type(exc).__name__}: {exc}"), status_code=500)
+
+    async def body_of(request: Request) -> bytes:
+        return await http.read_body_limited(request, max_body_bytes)
+
+    prepared = asyncio.Event()
+
+    async def readiness() -> dict[str, Any]:
+        # backends: each backend this pod knows and whether it is ready (its models can run here);
+        # the pod waits only for the backends it has. triton_ready: the same for the Triton sidecar.
+        each = await backends.readiness()
+        down = backends.down(each)
+        missing = [key for key in reports.pinned_ids()
+                   if not manager.is_loaded(key) or _framework_of(manager, key) in {f.value for f in down}]
+        ready = not missing and prepared.is_set() and not draining()
+        return {"ready": ready, "triton_ready": each.get(TRITON, False), "backends": each,
+                "pinned_not_loaded": missing, "prepared": prepared.is_set(), "draining": draining(),
+                "down": sorted(f.value for f in down)}
+
+    # ----- seed API ------------------------------------------------------
+
+    @app.post("/predict", openapi_extra=request_body_schema(wire.PredictRequest.model_json_schema()))
+    async def predict(request: Request) -> Response:
+        raw = await body_of(request)
+        encoding = request.headers.get("content-encoding")
+
+        def parse() -> wire.PredictRequest:
+            return parse_json_model(wire.PredictRequest, http.decompress(raw, encoding, max_body_bytes))
+
+        body = parse() if len(raw) <= OFF_LOOP_BYTES and not encoding else await asyncio.to_thread(parse)
+        timing = RequestTiming()
+        predictions = await dataplane.predict(body.model_id, body.input_data, timeout_of(request), timing,
+                                              request.headers.get(wire.VARIANT_HEADER))
+        answer = wire.PredictResponse(model_id=body.model_id, predictions=predictions, model_version=timing.version)
+        return Response(answer.model_dump_json(), media_type="application/json",
+                        headers={"Server-Timing": timing.header(), wire.VERSION_HEADER: timing.version})
+
+    @app.get("/models")
+    async def models(limit: int | None = None, after: str = "") -> Response:
+        if limit is not None and limit < 1:
+            raise errors.InvalidRequest(f"limit must be at least 1, got {limit}")
+        answer = report.whole() if limit is None else report.page(limit, after)
+        return Response(answer.model_dump_json(), media_type="application/json")
+
+    # ----- OIP v2: server --------------------------------------------------
+
+    @app.get("/v2")
+    async def server_metadata() -> dict[str, Any]:
+        return {"name": SERVER_NAME, "version": SERVER_VERSION, "extensions": ["binary_tensor_data", "model_repository"]}
+
+    @app.get("/v2/health/live")
+    async def live() -> dict[str, bool]:
+        return {"live": True}
+
+    @app.get("/v2/health/ready")
+    async def ready() -> JSONResponse:
+        state = await readiness()
+        return JSONResponse(state, status_code=200 if state["ready"] else 503)
+
+    # ----- OIP v2: models --------------------------------------------------
+
+    @app.get("/v2/models/{name}")
+    @app.get("/v2/models/{name}/versions/{version}")
+    async def model_metadata(name: str, version: str | None = None) -> dict[str, Any]:
+        return await dataplane.metadata(name, version)
+
+    @app.get("/v2/models/{name}/ready")
+    @app.get("/v2/models/{name}/versions/{version}/ready")
+    async def model_ready(name: str, version: str | None = None) -> JSONResponse:
+        is_ready = await dataplane.model_ready(name, version)
+        return JSONResponse({"name": name, "ready": is_ready}, status_code=200 if is_ready else 503)
+
+    @app.post("/v2/models/{name}/infer", openapi_extra=request_body_schema(codec.INFER_REQUEST_SCHEMA))
+    @app.post("/v2/models/{name}/versions/{version}/infer", openapi_extra=request_body_schema(codec.INFER_REQUEST_SCHEMA))
+    async def infer(name: str, request: Request, version: str | None = None) -> Response:
+        body = await body_of(request)
+
+        def decode() -> codec.InferRequest:
+            header_length = parse_header_length(request.headers.get(codec.HEADER_LENGTH))
+            raw = http.decompress(body, request.headers.get("content-encoding"), max_body_bytes)
+            return codec.decode_request(raw, header_length)
+
+        timing = RequestTiming()
+        answer = await dataplane.infer(name, version, body, request.headers, decode, timeout_of(request), timing,
+                                       request.headers.get(wire.VARIANT_HEADER))
+        return Response(content=answer.body, status_code=answer.status,
+                        headers={**answer.headers, "Server-Timing": timing.header(), wire.VERSION_HEADER: timing.version})
+
+    # ----- OIP v2: repository ----------------------------------------------
+
+    @app.post("/v2/repository/index")
+    async def repository_index(request: Request) -> list[dict[str, str]]:
+        raw = await body_of(request)
+        only_ready = bool(parse_json_object(raw).get("ready", False)) if raw.strip() else False
+        entries = repository_entries(manager)
+        return [entry for entry in entries if entry["state"] == "READY"] if only_ready else entries
+
+    @app.post("/v2/repository/models/{name}/load")
+    async def load(name: str, request: Request) -> dict[str, Any]:
+        await body_of(request)  # parameters (config overrides) are not supported; only the size is checked
+        await manager.load(name, timeout_of(request))
+        return {}
+
+    @app.post("/v2/repository/models/{name}/unload")
+    async def unload(name: str, request: Request) -> dict[str, Any]:
+        await body_of(request)
+        await manager.unload(name)
+        return {}
+
+    # ----- hotset ------------------------------------------------------
+
+    @app.get("/status", response_model=wire.WorkerStatus)
+    async def status(since: str | None = None, limit: str | None = None,
+                     x_hotset_router: str | None = Header(None)) -> Response:
+        """The pod's report: whole, or what changed after the report whose ``cursor`` is `since`
+        (``0``: from scratch, page by page), at most `limit` entries (status_report.py)."""
+        report = reports.report(await readiness(), since, wire.parse_status_limit(limit), x_hotset_router)
+        return Response(report.model_dump_json(), media_type="application/json")
+
+    @app.get("/metrics")
+    async def prometheus_metrics() -> Response:
+        # Rendered on a thread: at 5,000 held copies the exposition is 195,000 samples and took
+        # 7.3 s, all of it with the event loop (every request's path) blocked.
+        body = await asyncio.to_thread(metrics.exposition)
+        return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    # ----- OpenAI-compatible API (openai_routes.py) --------------------------
+    openai_routes.install(app, manager, metrics, max_body_bytes=max_body_bytes, timeout_of=timeout_of,
+                         embed=dataplane.embed)
+
+    return app
+
+
+class RequireToken:
+    """Plain ASGI (no per-request middleware stack): 401 for any request without the API token,
+    but on OPEN_PATHS."""
+
+    def __init__(self, app: Any, token: str) -> None:
+        self.app = app
+        self.token = token
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
+            headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+            try:
+                http.check_bearer(headers, self.token, "this worker's API")
+            except errors.Unauthorized as exc:
+                answer = JSONResponse(http.error_body(exc.message), status_code=exc.status_code, headers=exc.headers)
+                await answer(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+async def _prepare_then_set(prepare: Callable[[], None] | None, done: asyncio.Event) -> None:
+    try:
+        if prepare is not None:
+            await asyncio.to_thread(prepare)
+    finally:
+        done.set()
+
+
+def timeout_of(request: Request) -> float | None:
+    """The caller's time budget (``X-Hotset-Timeout``, seconds); None: the worker's default."""
+    return wire.parse_timeout(request.headers.get(wire.TIMEOUT_HEADER))
+
+
+def parse_json_model(model: type[pydantic.BaseModel], raw: bytes) -> Any:
+    try:
+        return model.model_validate_json(raw)
+    except pydantic.ValidationError as exc:
+        raise codec.refusal(exc, "invalid request body") from None
+
+
+def parse_json_object(raw: bytes) -> dict[str, Any]:
+    try:
+        value = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise errors.InvalidRequest(f"request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise errors.NestedTooDeeply() from None
+    if not isinstance(value, dict):
+        raise errors.InvalidRequest("request body must be a JSON object")
+    return value
+
+
+def request_body_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """An OpenAPI requestBody for a route that reads its body itself (bounded, maybe compressed):
+    clients and the fuzzing test see what it takes."""
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+
+
+def parse_header_length(value: str | None) -> int | None:
+    if value is None:
+        return None
+    if not value.strip().isdigit():
+        raise errors.BadInput(f"{codec.HEADER_LENGTH} must be a byte count, got {errors.excerpt(value)}")
+    return int(value)
+
+
+_INDEX_STATES = {
+    wire.CopyState.READY: "READY",
+    wire.CopyState.LOADING: "LOADING",
+    wire.CopyState.UNLOADING: "UNLOADING",
+}
+
+
+def repository_entries(manager: ModelManager) -> list[dict[str, str]]:
+    """Triton-shaped index: every model in the store with its state and, after a failure, why."""
+    views = {view.model_id: view for view in manager.snapshot()}
+    failures = manager.failures()
+    entries = []
+    listed = manager.store.list()
+    for spec in listed:
+        view = views.pop(spec.id, None)
+        if view is not None:
+            state, reason = _INDEX_STATES[view.state], ""
+        else:
+            state, reason = "UNAVAILABLE", failures.get(spec.id, "unloaded")
+        entries.append({"name": spec.id, "version": spec.version, "state": state, "reason": reason})
+    for view in views.values():  # still in memory, but no longer in the store
+        entries.append({"name": view.model_id, "version": "", "state": _INDEX_STATES[view.state], "reason": "not in the model store"})
+    return entries
+
+
+def _framework_of(manager: ModelManager, model_id: str) -> str:
+    try:
+        return manager.store.get(model_id).framework.value
+    except errors.ModelNotFound:
+        return ""

@@ -1,0 +1,502 @@
+"""``hotset-worker``: assemble the worker from options (or HOTSET_* variables) and serve it.
+
+Every option has an environment variable, which is how the operator
+configures pods; a command-line option wins over its variable.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator, Mapping, Sequence
+
+import uvicorn
+from fastapi import FastAPI
+
+from hotset_common import quantity
+from hotset_common.eviction import DEFAULT_CHURN_GUARD_S, EvictionPolicy
+from hotset_worker import api, engine, memory
+from hotset_worker.limits import DEFAULT_MAX_QUEUE as DEFAULT_MAX_MODEL_QUEUE
+from hotset_worker.backends import Backends
+from hotset_worker.manager import DEFAULT_MAX_QUEUE, DEFAULT_REQUEST_TIMEOUT_S
+from hotset_worker.frameworks.base import WorkerContext
+from hotset_worker.manager import ModelManager
+from hotset_worker.metrics import WorkerMetrics
+from hotset_worker.sources.cache import ContentCache
+from hotset_worker.sources.credentials import Credentials
+from hotset_worker.sources.fetcher import DEFAULT_LOAD_TIMEOUT_S, SourceFetcher
+from hotset_worker.sources.plan import SourceSettings
+from hotset_worker.store import FollowedModelStore, JsonModelStore, ModelStore
+from hotset_worker.triton_backend import TritonBackend
+from hotset_worker.vllm_engines import DEFAULT_START_TIMEOUT_S, VllmEngines
+
+log = logging.getLogger("hotset_worker")
+
+DEFAULT_SOURCE_CACHE_BYTES = 20 * 2**30
+
+
+@dataclass(frozen=True)
+class Settings:
+    model_store: Path | None  # standalone: a JSON file; None: cluster mode follows `catalog_url`
+    host: str = "127.0.0.1"
+    port: int = 8080
+    memory_budget: int | None = None  # None: derived from the device
+    gpu_reserve: int | None = None  # bytes of a GPU kept out of the budget; None: 1 GiB + 10% (memory.py)
+    max_models: int | None = None
+    triton_url: str = ""
+    triton_repository: Path = Path("/models")
+    pod_name: str = field(default_factory=socket.gethostname)
+    pinned: tuple[str, ...] = ()
+    max_body_bytes: int = api.DEFAULT_MAX_BODY_BYTES
+    source_roots: dict[str, Path] = field(default_factory=dict)
+    min_residency_s: float = DEFAULT_CHURN_GUARD_S
+    failed_load_backoff_s: float = 5.0
+    request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
+    max_queue: int = DEFAULT_MAX_QUEUE
+    admission_control: bool = True
+    inference_threads: int | None = None  # None: one per available core
+    torch_threads: int | None = None  # None: available cores / inference threads (at least 1)
+    vllm_command: tuple[str, ...] = ()  # empty: vLLM's own OpenAI server, when vllm is installed
+    vllm_device_memory: int | None = None  # None: the first GPU's memory
+    vllm_start_timeout_s: float = DEFAULT_START_TIMEOUT_S
+    log_level: str = "info"
+    api_token: str = ""  # empty: no auth (standalone, loopback); cluster pods get one from a Secret
+    drain_s: float = 5.0
+    max_model_queue: int = DEFAULT_MAX_MODEL_QUEUE
+    file_roots: tuple[Path, ...] | None = None  # None: any path ("*")
+    triton_backends: frozenset[str] | None = None  # None: any backend ("*")
+    catalog_url: str = ""  # cluster mode: the operator's catalog feed of this pod's pool
+    # Remote sources (hotset_worker.sources): the cache folder (None: none, remote sources fail
+    # their loads), its byte budget, the pool's defaults, and where credentials are mounted.
+    source_cache: Path | None = None
+    source_cache_bytes: int = DEFAULT_SOURCE_CACHE_BYTES
+    source_settings: SourceSettings = field(default_factory=SourceSettings)
+    source_credentials: Path | None = None
+    load_timeout_s: float = DEFAULT_LOAD_TIMEOUT_S
+
+
+# option -> environment variable
+ENVIRONMENT = {
+    "model_store": "HOTSET_MODEL_STORE",
+    "catalog_url": "HOTSET_CATALOG_URL",
+    "host": "HOTSET_HOST",
+    "port": "HOTSET_PORT",
+    "memory_budget": "HOTSET_MEMORY_BUDGET",
+    "gpu_reserve": "HOTSET_GPU_RESERVE",
+    "max_models": "HOTSET_MAX_MODELS",
+    "triton_url": "HOTSET_TRITON_URL",
+    "triton_repository": "HOTSET_TRITON_REPOSITORY",
+    "pod_name": "HOTSET_POD_NAME",
+    "pinned": "HOTSET_PINNED_MODELS",
+    "max_body_bytes": "HOTSET_MAX_BODY_BYTES",
+    "source_root": "HOTSET_SOURCE_ROOTS",
+    "min_residency_s": "HOTSET_MIN_RESIDENCY_S",
+    "failed_load_backoff_s": "HOTSET_FAILED_LOAD_BACKOFF_S",
+    "request_timeout_s": "HOTSET_REQUEST_TIMEOUT_S",
+    "max_queue": "HOTSET_MAX_QUEUE",
+    "admission_control": "HOTSET_ADMISSION_CONTROL",
+    "inference_threads": "HOTSET_INFERENCE_THREADS",
+    "torch_threads": "HOTSET_TORCH_THREADS",
+    "vllm_command": "HOTSET_VLLM_COMMAND",
+    "vllm_device_memory": "HOTSET_VLLM_DEVICE_MEMORY",
+    "vllm_start_timeout_s": "HOTSET_VLLM_START_TIMEOUT_S",
+    "log_level": "HOTSET_LOG_LEVEL",
+    "api_token": "HOTSET_API_TOKEN",
+    "drain_s": "HOTSET_DRAIN_SECONDS",
+    "max_model_queue": "HOTSET_MAX_MODEL_QUEUE",
+    "file_roots": "HOTSET_FILE_ROOTS",
+    "triton_backends": "HOTSET_TRITON_BACKENDS",
+    "source_cache": "HOTSET_SOURCE_CACHE",
+    "source_cache_bytes": "HOTSET_SOURCE_CACHE_BYTES",
+    "s3_endpoint": "HOTSET_S3_ENDPOINT",
+    "s3_region": "HOTSET_S3_REGION",
+    "s3_path_style": "HOTSET_S3_PATH_STYLE",
+    "hf_endpoint": "HF_ENDPOINT",  # huggingface_hub's own name for a hub mirror
+    "oci_root": "HOTSET_OCI_ROOT",
+    "source_credentials": "HOTSET_SOURCE_CREDENTIALS",
+    "load_timeout_s": "HOTSET_LOAD_TIMEOUT_S",
+}
+# The file name the worker keeps in the Triton repository while it runs: the sidecar's preStop
+# hook waits for it to go, so Triton outlives the worker's drain (docs/worker.md, "Shutdown").
+RUNNING_MARKER = ".hotset-worker-running"
+
+
+def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
+    def default(option: str, fallback: object = None) -> object:
+        return env.get(ENVIRONMENT[option], fallback)
+
+    parser = argparse.ArgumentParser(prog="hotset-worker", description="hotset's multi-framework worker pod")
+    parser.add_argument("--model-store", default=default("model_store"), help="JSON model store file ($HOTSET_MODEL_STORE)")
+    parser.add_argument("--catalog-url", default=default("catalog_url", ""),
+                        help="cluster mode, instead of --model-store: the operator's catalog feed of this pod's pool "
+                             "($HOTSET_CATALOG_URL; the operator sets it)")
+    parser.add_argument("--host", default=default("host", "127.0.0.1"))
+    parser.add_argument("--port", type=int, default=default("port", 8080))
+    parser.add_argument("--memory-budget", default=default("memory_budget"),
+                        help="bytes or a quantity (2Gi); default: the GPU's memory less --gpu-reserve, or half of "
+                             "free RAM on CPU; on a GPU never more than that")
+    parser.add_argument("--gpu-reserve", default=default("gpu_reserve"),
+                        help="GPU memory kept out of the model budget for the CUDA context, workspaces, allocator "
+                             "slack and activations (default: 1 GiB + 10%% of the device)")
+    parser.add_argument("--max-models", type=int, default=default("max_models"))
+    parser.add_argument("--triton-url", default=default("triton_url", ""), help="host:port of the Triton sidecar's HTTP endpoint; empty: no sidecar")
+    parser.add_argument("--triton-repository", default=default("triton_repository", "/models"))
+    parser.add_argument("--pod-name", default=default("pod_name", socket.gethostname()))
+    parser.add_argument("--pinned", default=default("pinned", ""), help="comma-separated model ids never evicted and loaded at start")
+    parser.add_argument("--max-body-bytes", default=default("max_body_bytes", str(api.DEFAULT_MAX_BODY_BYTES)))
+    parser.add_argument(
+        "--source-root", action="append", default=None, metavar="CLAIM=PATH",
+        help="where the PVC named CLAIM is mounted (repeatable; $HOTSET_SOURCE_ROOTS is comma-separated)",
+    )
+    parser.add_argument(
+        "--min-residency-s", type=float, default=default("min_residency_s", DEFAULT_CHURN_GUARD_S),
+        help="churn guard: copies loaded more recently than this are evicted only after older ones",
+    )
+    parser.add_argument(
+        "--request-timeout-s", type=float, default=default("request_timeout_s", DEFAULT_REQUEST_TIMEOUT_S),
+        help="longest a request waits for room and for its model's load (a caller's X-Hotset-Timeout may shorten it)",
+    )
+    parser.add_argument(
+        "--max-queue", type=int, default=default("max_queue", DEFAULT_MAX_QUEUE),
+        help="requests that may wait for room at once; past it a request is refused at once (503, Retry-After)",
+    )
+    parser.add_argument(
+        "--failed-load-backoff-s", type=float, default=default("failed_load_backoff_s", 5.0),
+        help="after a failed load, requests for that model get its error again without a new load for this long",
+    )
+    parser.add_argument(
+        "--admission-control", default=default("admission_control", "on"), choices=["on", "off"],
+        help="on: a requested model worth less than what it would displace serves its requests and is unloaded again",
+    )
+    parser.add_argument(
+        "--inference-threads", type=int, default=default("inference_threads"),
+        help="inferences run at once (default: one per available core; more only contend for the GIL)",
+    )
+    parser.add_argument(
+        "--torch-threads", type=int, default=default("torch_threads"),
+        help="threads each in-process torch inference uses (default: available cores / inference threads)",
+    )
+    parser.add_argument(
+        "--vllm-command", default=default("vllm_command", ""),
+        help="what starts a vllm model's engine (default: python -m vllm.entrypoints.openai.api_server, when vllm is installed)",
+    )
+    parser.add_argument(
+        "--vllm-device-memory", default=default("vllm_device_memory"),
+        help="the memory gpu_memory_utilization is a share of (default: the first GPU's)",
+    )
+    parser.add_argument(
+        "--vllm-start-timeout-s", type=float, default=default("vllm_start_timeout_s", DEFAULT_START_TIMEOUT_S),
+        help="longest a vllm engine may take to answer /health after it starts",
+    )
+    parser.add_argument("--log-level", default=default("log_level", "info"))
+    parser.add_argument("--api-token", default=default("api_token", ""),
+                        help="bearer token every endpoint but health probes and /metrics requires; empty: none")
+    parser.add_argument("--drain-seconds", type=float, default=default("drain_s", 5.0),
+                        help="after SIGTERM: report unready and keep serving this long before stopping")
+    parser.add_argument("--max-model-queue", type=int, default=default("max_model_queue", DEFAULT_MAX_MODEL_QUEUE),
+                        help="requests that may wait for a slot of a model's maxConcurrency; past it 429")
+    parser.add_argument("--file-roots", default=default("file_roots", "*"),
+                        help="comma-separated folders file:// sources may name; '*': any; empty: none")
+    parser.add_argument("--triton-backends", default=default("triton_backends", "*"),
+                        help="comma-separated Triton backends triton models may use; '*': any; empty: none")
+    parser.add_argument("--source-cache", default=default("source_cache", ""),
+                        help="folder remote sources (s3://, gs://, hf://, https://) are downloaded into; empty: none")
+    parser.add_argument("--source-cache-bytes", default=default("source_cache_bytes", str(DEFAULT_SOURCE_CACHE_BYTES)),
+                        help="the source cache's byte budget (a quantity: 20Gi); least valuable entries not in use go first")
+    parser.add_argument("--s3-endpoint", default=default("s3_endpoint", ""),
+                        help="the pool's S3 endpoint for s3:// sources that name none (http(s)://host:port); empty: AWS")
+    parser.add_argument("--s3-region", default=default("s3_region", ""))
+    parser.add_argument("--s3-path-style", default=default("s3_path_style", "on"), choices=["on", "off"],
+                        help="on: the bucket in the URL's path (most S3-compatible servers); off: in the host name")
+    parser.add_argument("--hf-endpoint", default=default("hf_endpoint", ""),
+                        help="a Hugging Face hub mirror for hf:// sources ($HF_ENDPOINT); empty: the public hub")
+    parser.add_argument("--oci-root", default=default("oci_root", "/mnt/oci"),
+                        help="where the operator mounts oci:// sources as image volumes")
+    parser.add_argument("--source-credentials", default=default("source_credentials", ""),
+                        help="folder of source credentials (a mounted Secret: <namespace>.<secret>.<KEY> files)")
+    parser.add_argument("--load-timeout-s", type=float, default=default("load_timeout_s", DEFAULT_LOAD_TIMEOUT_S),
+                        help="longest a load's fetch of a remote source may take (a download past it fails the load)")
+    return parser
+
+
+def parse_settings(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
+    parser = build_parser(env)
+    args = parser.parse_args(argv)
+    if not args.model_store and not args.catalog_url:
+        parser.error("--model-store (or HOTSET_MODEL_STORE) is required, or --catalog-url (HOTSET_CATALOG_URL) in a cluster")
+    if args.model_store and args.catalog_url:
+        parser.error("--model-store and --catalog-url name two catalogs; give one")
+    roots = args.source_root if args.source_root is not None else _split(env.get(ENVIRONMENT["source_root"], ""))
+    if float(args.failed_load_backoff_s) < 0:
+        parser.error(f"--failed-load-backoff-s must not be negative, got {args.failed_load_backoff_s}")
+    if float(args.request_timeout_s) <= 0:
+        parser.error(f"--request-timeout-s must be positive, got {args.request_timeout_s}")
+    if int(args.max_queue) < 0:
+        parser.error(f"--max-queue must not be negative, got {args.max_queue}")
+    if float(args.load_timeout_s) <= 0:
+        parser.error(f"--load-timeout-s must be positive, got {args.load_timeout_s}")
+    if args.inference_threads not in (None, "") and int(args.inference_threads) < 1:
+        parser.error(f"--inference-threads must be at least 1, got {args.inference_threads}")
+    if args.torch_threads not in (None, "") and int(args.torch_threads) < 1:
+        parser.error(f"--torch-threads must be at least 1, got {args.torch_threads}")
+    try:
+        return Settings(
+            model_store=Path(args.model_store) if args.model_store else None,
+            catalog_url=args.catalog_url.strip(),
+            host=args.host,
+            port=int(args.port),
+            memory_budget=quantity.parse_bytes(args.memory_budget) if args.memory_budget else None,
+            gpu_reserve=quantity.parse_bytes(args.gpu_reserve) if args.gpu_reserve not in (None, "") else None,
+            max_models=int(args.max_models) if args.max_models not in (None, "") else None,
+            triton_url=args.triton_url.strip(),
+            triton_repository=Path(args.triton_repository),
+            pod_name=args.pod_name,
+            pinned=tuple(_split(args.pinned)),
+            max_body_bytes=quantity.parse_bytes(args.max_body_bytes),
+            source_roots=dict(_source_root(item) for item in roots),
+            min_residency_s=float(args.min_residency_s),
+            failed_load_backoff_s=float(args.failed_load_backoff_s),
+            request_timeout_s=float(args.request_timeout_s),
+            max_queue=int(args.max_queue),
+            admission_control=args.admission_control == "on",
+            inference_threads=int(args.inference_threads) if args.inference_threads not in (None, "") else None,
+            torch_threads=int(args.torch_threads) if args.torch_threads not in (None, "") else None,
+            vllm_command=VllmEngines.parse_command(args.vllm_command or ""),
+            vllm_device_memory=quantity.parse_bytes(args.vllm_device_memory) if args.vllm_device_memory else None,
+            vllm_start_timeout_s=float(args.vllm_start_timeout_s),
+            log_level=args.log_level,
+            api_token=args.api_token.strip(),
+            drain_s=float(args.drain_seconds),
+            max_model_queue=int(args.max_model_queue),
+            file_roots=None if args.file_roots.strip() == "*" else tuple(Path(p) for p in _split(args.file_roots)),
+            triton_backends=None if args.triton_backends.strip() == "*" else frozenset(_split(args.triton_backends)),
+            source_cache=Path(args.source_cache) if args.source_cache.strip() else None,
+            source_cache_bytes=quantity.parse_bytes(args.source_cache_bytes),
+            source_settings=SourceSettings(
+                s3_endpoint=args.s3_endpoint.strip().rstrip("/"), s3_region=args.s3_region.strip(),
+                s3_path_style=args.s3_path_style == "on", hf_endpoint=args.hf_endpoint.strip().rstrip("/"),
+                oci_root=Path(args.oci_root)),
+            source_credentials=Path(args.source_credentials) if args.source_credentials.strip() else None,
+            load_timeout_s=float(args.load_timeout_s),
+        )
+    except ValueError as exc:
+        parser.error(str(exc))
+        raise  # unreachable: parser.error exits
+
+
+def _split(value: str) -> list[str]:
+    return [item.strip() for item in value.split(",") if item.strip()]
+
+
+def _source_root(item: str) -> tuple[str, Path]:
+    claim, sep, path = item.partition("=")
+    if not sep or not claim or not path:
+        raise ValueError(f"--source-root expects CLAIM=PATH, got {item!r}")
+    return claim, Path(path)
+
+
+def device() -> str:
+    try:
+        import torch
+    except ImportError:
+        return "cpu"
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def default_torch_threads(inference_threads: int | None) -> int:
+    """Cores per inference thread. Each inference thread runs torch's own intra-op threads; more
+    of them than cores in all make them wait on each other: measured on 2 busy cores, a small
+    BERT's forward pass took 112 ms with torch's default of 2 threads beside the event loop and
+    other work, 8 ms with 1 (docs/benchmarks.md)."""
+    from hotset_worker.dataplane import available_cores
+
+    cores = available_cores()
+    return max(1, cores // (inference_threads or cores))
+
+
+def set_torch_threads(threads: int) -> None:
+    try:
+        import torch
+    except ImportError:
+        return
+    torch.set_num_threads(threads)
+
+
+def memory_budget(device_name: str, asked: int | None, gpu_reserve: int | None = None) -> int:
+    """On a GPU: `asked` (default: all of it) within the device's memory less the reserve
+    (memory.gpu_model_budget; a budget cut to fit is logged). On CPU: `asked`, or half of the
+    memory available now."""
+    if device_name == "cuda":
+        import torch
+
+        budget, cut = memory.gpu_model_budget(int(torch.cuda.get_device_properties(0).total_memory), asked, gpu_reserve)
+        if cut:
+            log.warning("%s", cut)
+        return budget
+    if asked is not None:
+        return asked
+    import psutil
+
+    return int(psutil.virtual_memory().available * 0.5)
+
+
+def device_memory(device_name: str) -> int:
+    """What vLLM's gpu_memory_utilization is a share of: the first GPU's memory (the host's on CPU,
+    where only a stand-in engine runs)."""
+    if device_name == "cuda":
+        import torch
+
+        return int(torch.cuda.get_device_properties(0).total_memory)
+    import psutil
+
+    return int(psutil.virtual_memory().total)
+
+
+def build_app(settings: Settings, store: ModelStore | None = None,
+              draining: Callable[[], bool] = lambda: False) -> FastAPI:
+    """The whole worker: store, metrics, Triton probe, manager and API, wired together."""
+    store = store or open_store(settings)
+    unknown = [key for key in settings.pinned if key not in store.ids()]
+    if unknown:  # the catalog may lag behind the pod spec: not ready until they appear and load
+        log.warning("pinned models not in the model store (yet): %s", ", ".join(unknown))
+    device_name = device()
+    set_torch_threads(settings.torch_threads or default_torch_threads(settings.inference_threads))
+    budget = memory_budget(device_name, settings.memory_budget, settings.gpu_reserve)
+    engines = VllmEngines(settings.vllm_command or None, settings.vllm_device_memory or device_memory(device_name),
+                          settings.vllm_start_timeout_s)
+    backends = Backends([TritonBackend(settings.triton_url, settings.triton_repository), engines])
+    metrics = WorkerMetrics(settings.pod_name, budget)
+    fetcher = build_fetcher(settings, metrics)
+    context = WorkerContext(
+        source_roots=settings.source_roots,
+        file_roots=settings.file_roots,
+        triton_backends=settings.triton_backends,
+        backends=backends.by_name(),
+        device=device_name,
+        fetcher=fetcher,
+        shared_roots=tuple(root for root in (settings.source_cache, settings.source_settings.oci_root) if root),
+    )
+    manager = ModelManager(
+        store,
+        context,
+        budget,
+        max_models=settings.max_models,
+        policy=EvictionPolicy(churn_guard_s=settings.min_residency_s),
+        pinned=settings.pinned,
+        observer=metrics,
+        preflight=backends.require,
+        failure_backoff_s=settings.failed_load_backoff_s,
+        request_timeout_s=settings.request_timeout_s,
+        max_queue=settings.max_queue,
+        admission_control=settings.admission_control,
+    )
+    fetcher.held = manager.held_sources
+    return api.create_app(
+        manager, metrics, backends, pod_name=settings.pod_name, max_body_bytes=settings.max_body_bytes,
+        prepare=lambda: import_frameworks(store, context), inference_threads=settings.inference_threads,
+        api_token=settings.api_token, max_model_queue=settings.max_model_queue, draining=draining,
+    )
+
+
+def open_store(settings: Settings) -> ModelStore:
+    """The operator's feed in a cluster (``catalog_url``), else the JSON file."""
+    if settings.catalog_url:
+        return FollowedModelStore(settings.catalog_url, token=settings.api_token)
+    assert settings.model_store is not None
+    return JsonModelStore(settings.model_store)
+
+
+def build_fetcher(settings: Settings, metrics: WorkerMetrics) -> SourceFetcher:
+    """The pod's remote sources: its cache (when it has one), the pool's defaults, credentials."""
+    cache = None
+    if settings.source_cache is not None:
+        cache = ContentCache(settings.source_cache, settings.source_cache_bytes, observer=metrics)
+        metrics.cache_used(cache.used_bytes(), cache.budget_bytes)
+    return SourceFetcher(cache, settings.source_settings, Credentials(settings.source_credentials),
+                         observer=metrics, load_timeout_s=settings.load_timeout_s)
+
+
+def import_frameworks(store: ModelStore, context: WorkerContext) -> None:
+    """Import and prepare the frameworks the store needs now, then the code of its models'
+    architectures, not during the first requests (torch and transformers take seconds to import,
+    a model architecture's module a second or more). A load meanwhile waits for its framework's
+    preparation (engine.prepare). A framework that fails here fails its loads, clearly."""
+    specs = store.list()
+    for framework in sorted({spec.framework.value for spec in specs}):
+        try:
+            engine.prepare(framework)
+            engine.worker_class(framework).prepare_models([s for s in specs if s.framework.value == framework], context)
+        except Exception as exc:  # noqa: BLE001 - reported again, per model, when one loads
+            log.warning("framework %s is not available: %s", framework, exc)
+    memory.freeze_imports()
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn that drains on SIGTERM: it reports unready (readiness 503, ``/status`` ready false, so
+    the router and the Service stop sending) and keeps serving for `drain_s`, then stops as uvicorn
+    does (no new connections, requests in flight finish, the lifespan unloads). A second signal
+    stops at once."""
+
+    def __init__(self, config: uvicorn.Config, drain_s: float) -> None:
+        super().__init__(config)
+        self.drain_s = drain_s
+        self.drain_until: float | None = None
+
+    def draining(self) -> bool:
+        return self.drain_until is not None
+
+    def handle_exit(self, sig: int, frame: object) -> None:
+        if self.drain_until is not None or self.drain_s <= 0:
+            super().handle_exit(sig, frame)
+            self._captured_signals.clear()  # exit normally (uvicorn would re-raise it): the marker must go last
+            return
+        self.drain_until = time.monotonic() + self.drain_s
+        log.info("signal %d: draining for %.1fs (unready, still serving), then stopping", sig, self.drain_s)
+
+    async def on_tick(self, counter: int) -> bool:
+        if self.drain_until is not None and time.monotonic() >= self.drain_until:
+            self.should_exit = True
+        return await super().on_tick(counter)
+
+
+@contextlib.contextmanager
+def running_marker(settings: Settings) -> Iterator[None]:
+    """Keep RUNNING_MARKER in the Triton repository while the worker runs (see its comment)."""
+    marker = settings.triton_repository / RUNNING_MARKER
+    if not settings.triton_url:
+        yield
+        return
+    with contextlib.suppress(OSError):
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text(str(os.getpid()))
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            marker.unlink()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    settings = parse_settings(sys.argv[1:] if argv is None else argv, os.environ)
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    server: DrainingServer | None = None
+    try:
+        app = build_app(settings, draining=lambda: server is not None and server.draining())
+    except ValueError as exc:
+        sys.exit(f"hotset-worker: {exc}")
+    log.info("worker %s on %s:%d", settings.pod_name, settings.host, settings.port)
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
+                            timeout_graceful_shutdown=10)
+    server = DrainingServer(config, settings.drain_s)
+    with running_marker(settings):
+        server.run()
+
+
+if __name__ == "__main__":
+    main()

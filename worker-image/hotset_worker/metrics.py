@@ -1,0 +1,262 @@
+"""The worker's Prometheus metrics, one registry per app, names from hotset_common.metrics.
+
+Every framework reports through the same series, so a dashboard needs one
+query per figure whatever runs the model.
+
+**Bounded at any catalog size.** Per-model series exist only for the models
+this pod holds a copy of (loading, loaded or unloading) and the last
+``recent_models`` models it held (so an eviction, or a model evicted a moment
+ago, is still visible by name). Any other model's events are counted under
+``model="_other"``, an aggregate; when a model leaves the recent ones its
+series are removed (a counter that comes back starts at 0, which
+Prometheus' ``rate``/``increase`` read as a reset). So a pod with 10,000
+models in its catalog and a few hundred loaded exposes a few hundred models'
+series, not 10,000.
+"""
+from __future__ import annotations
+
+import collections
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from hotset_common import metrics as names
+from hotset_common.spec import ModelSpec
+from hotset_worker.token_meter import TokenFigures
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+_LOAD_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+_TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1)
+_TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+_RATE_BUCKETS = (1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500)
+_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+_BATCH_WAIT_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1)
+UNKNOWN_MODEL = "_unknown"  # label for requests naming no model in the store (bounded cardinality)
+OTHER_MODELS = "_other"  # label for models this pod neither holds nor held recently (the aggregate)
+DEFAULT_RECENT_MODELS = 256
+
+
+class WorkerMetrics:
+    """Implements the manager's observer and counts requests for the data plane."""
+
+    def __init__(self, pod: str, memory_budget: int, registry: CollectorRegistry | None = None,
+                 recent_models: int = DEFAULT_RECENT_MODELS) -> None:
+        self.pod = pod
+        self.registry = registry or CollectorRegistry()
+        self._held: collections.Counter[str] = collections.Counter()  # copies held per model
+        self._recent: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._recent_models = recent_models
+        self._children: dict[str, dict[tuple[Any, tuple[str, ...]], Any]] = {}  # model -> its series
+        self._other_gauges: dict[tuple[Any, str], dict[str, float]] = {}  # the aggregate's gauges, per model
+        model_labels = ["model", "framework", "pod"]
+        self.requests = Counter(names.REQUESTS_TOTAL, "Inference requests by outcome", [*model_labels, "code"], registry=self.registry)
+        self.request_seconds = Histogram(
+            names.REQUEST_SECONDS, "Inference request latency, load included", model_labels, buckets=_LATENCY_BUCKETS, registry=self.registry
+        )
+        self.load_seconds = Histogram(
+            names.MODEL_LOAD_SECONDS, "Model load time", model_labels, buckets=_LOAD_BUCKETS, registry=self.registry
+        )
+        self.warmup_seconds = Histogram(
+            names.MODEL_WARMUP_SECONDS, "Time a copy spent on its spec's warm-up inputs before it was ready", model_labels,
+            buckets=_LOAD_BUCKETS, registry=self.registry,
+        )
+        self.loads = Counter(names.MODEL_LOADS_TOTAL, "Model loads by result", [*model_labels, "result"], registry=self.registry)
+        self.evictions = Counter(names.EVICTIONS_TOTAL, "Models evicted to make room", model_labels, registry=self.registry)
+        self.bytes = Gauge(names.MODEL_BYTES, "Measured bytes of each loaded model", model_labels, registry=self.registry)
+        self.used = Gauge(names.MEMORY_USED_BYTES, "Bytes held by loaded and loading models", ["pod"], registry=self.registry)
+        self.budget = Gauge(names.MEMORY_BUDGET_BYTES, "The worker's memory budget", ["pod"], registry=self.registry)
+        self.queued = Gauge(names.QUEUED_REQUESTS, "Requests waiting in the admission queue for room", model_labels, registry=self.registry)
+        self.queue_wait = Histogram(
+            names.QUEUE_WAIT_SECONDS, "Time requests waited in the admission queue", model_labels, buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.refusals = Counter(
+            names.REFUSALS_TOTAL, "Requests refused for lack of room (503 with Retry-After), by reason",
+            [*model_labels, "reason"], registry=self.registry,
+        )
+        self.time_to_first_token = Histogram(
+            names.TIME_TO_FIRST_TOKEN_SECONDS, "Seconds from a generative request's arrival to its first token",
+            model_labels, buckets=_TTFT_BUCKETS, registry=self.registry)
+        self.time_per_output_token = Histogram(
+            names.TIME_PER_OUTPUT_TOKEN_SECONDS, "Seconds between output tokens, per request (after the first)",
+            model_labels, buckets=_TOKEN_BUCKETS, registry=self.registry)
+        self.tokens_per_second = Histogram(
+            names.OUTPUT_TOKENS_PER_SECOND, "Output tokens per second of generation, per request",
+            model_labels, buckets=_RATE_BUCKETS, registry=self.registry)
+        self.prompt_tokens = Counter(names.PROMPT_TOKENS_TOTAL, "Prompt tokens of generative and embedding requests",
+                                     model_labels, registry=self.registry)
+        self.output_tokens = Counter(names.OUTPUT_TOKENS_TOTAL, "Generated tokens (rate(): tokens per second)",
+                                     model_labels, registry=self.registry)
+        self.inflight = Gauge(names.INFLIGHT_REQUESTS, "Inference requests being served now", model_labels, registry=self.registry)
+        self.model_queued = Gauge(
+            names.MODEL_QUEUED_REQUESTS, "Requests waiting for a slot of the model's maxConcurrency", model_labels,
+            registry=self.registry,
+        )
+        source_labels = [*model_labels, "scheme"]
+        self.source_fetches = Counter(names.SOURCE_FETCHES_TOTAL, "Fetches of remote model sources by result",
+                                      [*source_labels, "result"], registry=self.registry)
+        self.source_hits = Counter(names.SOURCE_CACHE_HITS_TOTAL, "Loads whose remote source was in the source cache",
+                                   source_labels, registry=self.registry)
+        self.source_bytes = Counter(names.SOURCE_DOWNLOAD_BYTES_TOTAL, "Bytes downloaded from remote model sources",
+                                    source_labels, registry=self.registry)
+        self.source_seconds = Histogram(names.SOURCE_DOWNLOAD_SECONDS, "Time downloading a remote model source",
+                                        source_labels, buckets=_LOAD_BUCKETS, registry=self.registry)
+        self.cache_bytes = Gauge(names.SOURCE_CACHE_BYTES, "Bytes in the source cache (entries and fills in progress)",
+                                 ["pod"], registry=self.registry)
+        self.cache_budget = Gauge(names.SOURCE_CACHE_BUDGET_BYTES, "The source cache's byte budget", ["pod"],
+                                  registry=self.registry)
+        self.cache_evictions = Counter(names.SOURCE_CACHE_EVICTIONS_TOTAL, "Source cache entries evicted for room",
+                                       ["pod"], registry=self.registry)
+        self.batch_rows = Histogram(names.BATCH_ROWS, "Rows per forward pass of a batched model", model_labels,
+                                    buckets=_BATCH_BUCKETS, registry=self.registry)
+        self.batch_requests = Histogram(names.BATCH_REQUESTS, "Requests per forward pass of a batched model",
+                                        model_labels, buckets=_BATCH_BUCKETS, registry=self.registry)
+        self.batch_queue = Histogram(names.BATCH_QUEUE_SECONDS, "Seconds a request waited for its batch's pass to start",
+                                     model_labels, buckets=_BATCH_WAIT_BUCKETS, registry=self.registry)
+        self.budget.labels(pod).set(memory_budget)
+        self.used.labels(pod).set(0)
+
+    def _labels(self, spec: ModelSpec) -> tuple[str, str, str]:
+        model = spec.id if spec.id in self._held or spec.id in self._recent else OTHER_MODELS
+        return model, spec.framework.value, self.pod
+
+    def _child(self, metric: Any, spec: ModelSpec | None, *extra: str) -> Any:
+        """`metric`'s series for `spec` (its own, or the aggregate's), remembered per model so that
+        it can be removed when the model leaves the recent ones."""
+        labels = self._labels(spec) + extra if spec is not None else (UNKNOWN_MODEL, "", self.pod) + extra
+        series = self._children.setdefault(labels[0], {})
+        child = series.get((metric, labels))
+        if child is None:
+            child = series[(metric, labels)] = metric.labels(*labels)
+        return child
+
+    # Copies held (the manager's observer): who gets series of their own.
+    def copy_added(self, spec: ModelSpec) -> None:
+        self._held[spec.id] += 1
+        self._recent.pop(spec.id, None)
+
+    def copy_gone(self, spec: ModelSpec) -> None:
+        self._held[spec.id] -= 1
+        if self._held[spec.id] > 0:
+            return
+        del self._held[spec.id]
+        self._recent[spec.id] = None
+        while len(self._recent) > self._recent_models:
+            model, _ = self._recent.popitem(last=False)
+            for metric, labels in self._children.pop(model, {}):
+                try:
+                    metric.remove(*labels)
+                except KeyError:
+                    pass
+
+    def _set_gauge(self, metric: Any, spec: ModelSpec, value: float) -> None:
+        """An absolute per-model gauge; under the aggregate it is the sum over the models in it."""
+        labels = self._labels(spec)
+        if labels[0] != OTHER_MODELS:
+            self._child(metric, spec).set(value)
+            return
+        values = self._other_gauges.setdefault((metric, labels[1]), {})
+        if value:
+            values[spec.id] = value
+        else:
+            values.pop(spec.id, None)
+        self._child(metric, spec).set(sum(values.values()))
+
+    def series_models(self) -> int:
+        """Models with series of their own now (tests and figures)."""
+        return len(self._children)
+
+    def request_started(self, spec: ModelSpec) -> None:
+        self._child(self.inflight, spec).inc()
+
+    def request_ended(self, spec: ModelSpec) -> None:
+        self._child(self.inflight, spec).dec()
+
+    # LimitObserver
+    def concurrency_queue(self, spec: ModelSpec, waiting: int) -> None:
+        self._set_gauge(self.model_queued, spec, waiting)
+
+    def refused(self, spec: ModelSpec, reason: str) -> None:
+        self._child(self.refusals, spec, reason).inc()
+
+    def request_finished(self, spec: ModelSpec | None, code: int, seconds: float) -> None:
+        self._child(self.requests, spec, str(code)).inc()
+        if spec is not None:
+            self._child(self.request_seconds, spec).observe(seconds)
+
+    def tokens_finished(self, spec: ModelSpec, figures: TokenFigures) -> None:
+        """One generative (or embedding) request's token figures."""
+        self._child(self.prompt_tokens, spec).inc(figures.prompt_tokens)
+        self._child(self.output_tokens, spec).inc(figures.output_tokens)
+        if figures.time_to_first_token_s is not None:
+            self._child(self.time_to_first_token, spec).observe(figures.time_to_first_token_s)
+        if figures.time_per_output_token_s is not None:
+            self._child(self.time_per_output_token, spec).observe(figures.time_per_output_token_s)
+        if figures.tokens_per_second is not None:
+            self._child(self.tokens_per_second, spec).observe(figures.tokens_per_second)
+
+    # BatchObserver
+    def batch_ran(self, spec: ModelSpec, rows: int, requests: int, queue_seconds: list[float]) -> None:
+        self._child(self.batch_rows, spec).observe(rows)
+        self._child(self.batch_requests, spec).observe(requests)
+        waited = self._child(self.batch_queue, spec)
+        for seconds in queue_seconds:
+            waited.observe(seconds)
+
+    # ManagerObserver
+    def load_finished(self, spec: ModelSpec, seconds: float, ok: bool) -> None:
+        self._child(self.loads, spec, "success" if ok else "failure").inc()
+        if ok:
+            self._child(self.load_seconds, spec).observe(seconds)
+
+    def warmup_finished(self, spec: ModelSpec, seconds: float) -> None:
+        self._child(self.warmup_seconds, spec).observe(seconds)
+
+    def model_evicted(self, spec: ModelSpec) -> None:
+        self._child(self.evictions, spec).inc()
+
+    def model_bytes(self, spec: ModelSpec, size: int | None) -> None:
+        if size is None:
+            labels = self._labels(spec)
+            self._children.get(labels[0], {}).pop((self.bytes, labels), None)
+            try:
+                self.bytes.remove(*labels)
+            except KeyError:
+                pass
+        else:
+            self._child(self.bytes, spec).set(size)
+
+    def memory_used(self, used: int) -> None:
+        self.used.labels(self.pod).set(used)
+
+    def queue_length(self, spec: ModelSpec, waiting: int) -> None:
+        self._set_gauge(self.queued, spec, waiting)
+
+    def queue_left(self, spec: ModelSpec, seconds: float, outcome: str) -> None:
+        """A request left the admission queue: admitted, or refused (queue_full, deadline), failed, cancelled."""
+        if outcome in ("queue_full", "deadline"):
+            self._child(self.refusals, spec, outcome).inc()
+        if outcome != "queue_full":
+            self._child(self.queue_wait, spec).observe(seconds)
+
+    # FetchObserver (hotset_worker.sources.fetcher) and CacheObserver (sources.cache)
+    def source_fetched(self, spec: ModelSpec, scheme: str, hit: bool, nbytes: int, seconds: float) -> None:
+        self._child(self.source_fetches, spec, scheme, "hit" if hit else "download").inc()
+        if hit:
+            self._child(self.source_hits, spec, scheme).inc()
+        else:
+            self._child(self.source_bytes, spec, scheme).inc(nbytes)
+            self._child(self.source_seconds, spec, scheme).observe(seconds)
+
+    def source_failed(self, spec: ModelSpec, scheme: str) -> None:
+        self._child(self.source_fetches, spec, scheme, "failure").inc()
+
+    def cache_evicted(self, nbytes: int) -> None:
+        self.cache_evictions.labels(self.pod).inc()
+
+    def cache_used(self, nbytes: int, budget: int) -> None:
+        self.cache_bytes.labels(self.pod).set(nbytes)
+        self.cache_budget.labels(self.pod).set(budget)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

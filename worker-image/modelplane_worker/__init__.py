@@ -1,4 +1,0 @@
-"""The modelplane worker: one pod's multi-framework model server.
-
-Request path, one module each: api -> dataplane -> manager -> engine -> frameworks.
-"""

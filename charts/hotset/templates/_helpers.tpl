@@ -1,0 +1,152 @@
+{{/* Common labels on every object of the release. */}}
+{{- define "hotset.labels" -}}
+app.kubernetes.io/part-of: hotset
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ .Chart.Name }}-{{ .Chart.Version }}
+{{- end -}}
+
+{{- define "hotset.image" -}}
+{{ .repository }}:{{ .tag }}
+{{- end -}}
+
+{{- define "hotset.workerSelector" -}}
+app.kubernetes.io/part-of=hotset,app.kubernetes.io/component=worker
+{{- end -}}
+
+{{/* workers.gpu.mode, checked: a typo must not silently give pods no GPU. */}}
+{{- define "hotset.gpuMode" -}}
+{{- if hasKey .Values.workers "gpusPerPod" -}}
+{{- fail "workers.gpusPerPod is now workers.gpu.count, with workers.gpu.mode (dra, devicePlugin or none): see values.yaml" -}}
+{{- end -}}
+{{- $mode := .Values.workers.gpu.mode -}}
+{{- if not (has $mode (list "dra" "devicePlugin" "none")) -}}
+{{- fail (printf "workers.gpu.mode must be dra, devicePlugin or none, not %q" $mode) -}}
+{{- end -}}
+{{- if and (ne $mode "none") (lt (int .Values.workers.gpu.count) 1) -}}
+{{- fail (printf "workers.gpu.count must be at least 1 with workers.gpu.mode %s (use mode none for CPU-only pods)" $mode) -}}
+{{- end -}}
+{{- $mode -}}
+{{- end -}}
+
+{{/* A pod spec's scheduling fields from a values block (operator.scheduling, router.scheduling):
+     nodeSelector, tolerations, affinity, topologySpreadConstraints, priorityClassName; only those set. */}}
+{{- define "hotset.scheduling" -}}
+{{- $known := list "nodeSelector" "tolerations" "affinity" "topologySpreadConstraints" "priorityClassName" -}}
+{{- range $key, $_ := . -}}
+{{- if not (has $key $known) -}}
+{{- fail (printf "scheduling.%s is not a scheduling field; use one of %s" $key (join ", " $known)) -}}
+{{- end -}}
+{{- end -}}
+{{- with .nodeSelector }}
+nodeSelector: {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- if kindIs "slice" .tolerations }}
+tolerations: {{- toYaml .tolerations | nindent 2 }}
+{{- end }}
+{{- with .affinity }}
+affinity: {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .topologySpreadConstraints }}
+topologySpreadConstraints: {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .priorityClassName }}
+priorityClassName: {{ . | quote }}
+{{- end }}
+{{- end -}}
+
+{{/* workers.triton.sidecar, checked. */}}
+{{- define "hotset.tritonSidecar" -}}
+{{- $mode := .Values.workers.triton.sidecar -}}
+{{- if not (has $mode (list "auto" "always" "never")) -}}
+{{- fail (printf "workers.triton.sidecar must be auto, always or never, not %q" $mode) -}}
+{{- end -}}
+{{- $mode -}}
+{{- end -}}
+
+{{/* The ResourceClaimTemplate every worker pod claims its GPUs from (gpu.mode dra). */}}
+{{- define "hotset.gpuClaimTemplate" -}}
+hotset-worker-gpu
+{{- end -}}
+
+{{/* Whether hotset serves every namespace (watchNamespaces: ["*"]). */}}
+{{- define "hotset.allNamespaces" -}}
+{{- if has "*" .Values.watchNamespaces -}}true{{- end -}}
+{{- end -}}
+
+{{/* The namespaces served, as a JSON list: the release's own, then watchNamespaces. */}}
+{{- define "hotset.namespaces" -}}
+{{- $list := list .Release.Namespace -}}
+{{- range .Values.watchNamespaces -}}
+{{- if not (has . $list) -}}{{- $list = append $list . -}}{{- end -}}
+{{- end -}}
+{{- toJson $list -}}
+{{- end -}}
+
+{{/* The operator's rules, the same in a Role per namespace or in the ClusterRole. */}}
+{{- define "hotset.operatorRules" -}}
+# Watch ServedModels; patch finalizers and kopf's bookkeeping annotations.
+- apiGroups: [hotset.io]
+  resources: [servedmodels]
+  verbs: [get, list, watch, patch]
+- apiGroups: [hotset.io]
+  resources: [servedmodels/status]
+  verbs: [get, patch]
+# Pools: created per pool namespace, their operator-owned fields applied, their size set through
+# the scale subresource (as the HPA does), their status written.
+- apiGroups: [hotset.io]
+  resources: [workerpools]
+  verbs: [get, list, watch, create, patch]
+- apiGroups: [hotset.io]
+  resources: [workerpools/status, workerpools/scale]
+  verbs: [get, patch]
+# Quotas: read, and their use written to their status.
+- apiGroups: [hotset.io]
+  resources: [modelquotas]
+  verbs: [get, list, watch]
+- apiGroups: [hotset.io]
+  resources: [modelquotas/status]
+  verbs: [get, patch]
+# Dedicated instance groups and the shared pools (server-side apply: create + patch);
+# delete when a model moves from dedicated to shared; watched (kopf index) for their sizes.
+- apiGroups: [apps]
+  resources: [deployments]
+  verbs: [get, list, watch, create, patch, delete]
+# At most one pod of a pool away at a time (the shared pool's and each dedicated group's budget).
+- apiGroups: [policy]
+  resources: [poddisruptionbudgets]
+  verbs: [get, create, patch]
+# Source credentials (docs/frameworks.md, "Credentials"): read the Secrets ServedModels name, and
+# write the one Secret per pool namespace that worker pods mount (create cannot be limited by name).
+- apiGroups: [""]
+  resources: [secrets]
+  verbs: [get, create]
+- apiGroups: [""]
+  resources: [secrets]
+  resourceNames: [{{ .Values.workers.sources.credentialsSecret | quote }}]
+  verbs: [patch]
+# Watch the worker pods (kopf index) whose /status reports a model's copies; annotate one that
+# is drained before its pool shrinks (drain mark, pod-deletion-cost).
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [list, watch, patch]
+- apiGroups: ["", events.k8s.io]
+  resources: [events]
+  verbs: [create, patch]
+{{- end -}}
+
+{{/* The router's rules: read worker pods and ServedModels; annotate a ServedModel whose request
+     waits for a pod to start (its one write). */}}
+{{- define "hotset.routerRules" -}}
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [get, list, watch]
+- apiGroups: [hotset.io]
+  resources: [servedmodels]
+  verbs: [get, list, watch, patch]
+{{- end -}}
+
+{{/* The Secret holding the workers' API token (generated by security.yaml unless one is given). */}}
+{{- define "hotset.workerTokenSecret" -}}
+{{- .Values.security.workerToken.existingSecret | default "hotset-worker-token" -}}
+{{- end -}}

@@ -6,7 +6,7 @@ from typing import Iterator
 
 import pytest
 
-from modelplane_testing import kube_cluster as kube_cluster_module
+from hotset_testing import kube_cluster as kube_cluster_module
 
 CRD_DIR = Path(__file__).resolve().parents[1] / "crds"
 

@@ -8,15 +8,15 @@ from typing import Iterator
 import pytest
 from kopf.testing import KopfRunner
 
-from modelplane_operator.config import OperatorConfig
-from modelplane_testing.kube_cluster import KubeCluster
-from modelplane_testing.operator_harness import CRD, Cluster, operator_config, running_operator
+from hotset_operator.config import OperatorConfig
+from hotset_testing.kube_cluster import KubeCluster
+from hotset_testing.operator_harness import CRD, Cluster, operator_config, running_operator
 
 
 @pytest.fixture(scope="session")
 def crd_installed(kube_cluster: KubeCluster) -> KubeCluster:
     kube_cluster.kubectl("apply", "-f", str(CRD))
-    kube_cluster.kubectl("wait", "--for=condition=Established", "crd/servedmodels.modelplane.io", "--timeout=60s")
+    kube_cluster.kubectl("wait", "--for=condition=Established", "crd/servedmodels.hotset.io", "--timeout=60s")
     return kube_cluster
 
 

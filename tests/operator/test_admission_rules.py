@@ -4,10 +4,10 @@ The same rules against the real API server and operator: test_namespaces_and_quo
 """
 from __future__ import annotations
 
-from modelplane_common.spec import ModelSpec
-from modelplane_operator import admission
-from modelplane_operator.index import ModelEntry, Quota
-from modelplane_testing.operator_harness import operator_config
+from hotset_common.spec import ModelSpec
+from hotset_operator import admission
+from hotset_operator.index import ModelEntry, Quota
+from hotset_testing.operator_harness import operator_config
 
 GI = 2**30
 
@@ -74,3 +74,31 @@ def test_within_one_second_the_model_already_accepted_keeps_its_name():
     refusal = decided.decisions[("team-a", "sentiment")]
     assert (refusal.accepted, refusal.reason) == (False, "NameConflict")
     assert "already served from namespace 'team-z'" in refusal.message
+
+
+def test_continuing_the_fold_decides_as_one_pass_over_everything():
+    """Models created in a burst arrive in any order within a creation second: each continues the
+    last pass (judging its second again), and the decisions are those of one pass over all, the
+    models already accepted keeping their place within their second as incumbents do."""
+    import random
+
+    rng = random.Random(7)
+    entries = [entry(f"team-{i % 3}", f"m{i:03d}", f"2026-01-01T00:00:{i // 10:02d}Z", gib=rng.choice([1, 2, 3]))
+               for i in range(120)]
+    quotas = {f"team-{n}": [Quota(f"team-{n}", "q", memory=40 * GI)] for n in range(3)}
+    arrival = sorted(entries, key=lambda e: (e.created, rng.random()))  # shuffled within each second
+    fold = admission.Fold(quotas, CONFIG)
+    ever: set = set()
+    for new in arrival:
+        assert fold.follows(new)
+        fold.extend([new])
+        now = {key for key, d in fold.result.decisions.items() if d.accepted}
+        assert ever <= now  # an accepted model never loses its place to a later arrival
+        ever = now
+    accepted = {key for key, d in fold.result.decisions.items() if d.accepted}
+    whole = admission.fold(entries, quotas, CONFIG, accepted).result
+    assert fold.result.decisions == whole.decisions and fold.result.usage == whole.usage
+    assert any(not d.accepted for d in whole.decisions.values())  # the quotas did refuse some
+    assert fold.judged < 120 * 11  # a second judged again, never everything
+    earlier = entry("team-0", "late", "2026-01-01T00:00:05Z")
+    assert not fold.follows(earlier)  # created before the latest second: only a full pass may judge it

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import json
 
-from modelplane_testing import kube_cluster as kc
-from modelplane_testing.polling import wait_for
+from hotset_testing import kube_cluster as kc
+from hotset_testing.polling import wait_for
 
 
 def test_deployment_gets_scheduled_pods(kube_cluster: kc.KubeCluster) -> None:

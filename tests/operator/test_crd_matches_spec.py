@@ -1,12 +1,12 @@
-"""The CRD's schema and modelplane_common.spec.ModelSpec describe the same fields."""
+"""The CRD's schema and hotset_common.spec.ModelSpec describe the same fields."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import yaml
 
-from modelplane_common import spec as spec_module
-from modelplane_common.spec import Framework, ModelSpec, Placement, Task
+from hotset_common import spec as spec_module
+from hotset_common.spec import Framework, ModelSpec, Placement, Task
 
 CRD = Path(__file__).resolve().parents[2] / "crds" / "servedmodel.yaml"
 
@@ -25,10 +25,22 @@ def _spec_schema() -> dict:
 
 
 def test_every_spec_field_is_in_the_schema_and_back() -> None:
-    # id is metadata.name; memory_bytes is written `memory`; source is an object {uri}; variant_of and
-    # variant_weight exist only on a canary's derived spec (ModelSpec.canary_variant).
-    model_fields = {(f.alias or name) for name, f in ModelSpec.model_fields.items()} - {"id", "variant_of", "variant_weight"}
+    # id is metadata.name; memory_bytes is written `memory`; source is an object {uri, <source options>};
+    # variant_of and variant_weight exist only on a canary's derived spec (ModelSpec.canary_variant).
+    model_fields = {(f.alias or name) for name, f in ModelSpec.model_fields.items()} - {
+        "id", "variant_of", "variant_weight", "sourceOptions"}
     assert set(_spec_schema()["properties"]) == model_fields
+
+
+def test_source_options_are_the_source_objects_fields_for_the_model_and_its_canary() -> None:
+    from hotset_common.spec import SourceOptions
+
+    # namespace is the ServedModel's own (ModelSpec.from_served_model), never written in the spec.
+    options = {(f.alias or name) for name, f in SourceOptions.model_fields.items()} - {"namespace"}
+    props = _spec_schema()["properties"]
+    assert set(props["source"]["properties"]) == {"uri", *options}
+    canary = props["rollout"]["properties"]["canary"]["properties"]["source"]
+    assert set(canary["properties"]) == {"uri", *options}
 
 
 def test_enums_agree() -> None:
@@ -51,7 +63,9 @@ def test_defaults_agree() -> None:
 
 def test_required_fields_and_source_schemes_agree() -> None:
     schema = _spec_schema()
-    assert set(schema["required"]) == {"framework", "source"}
+    # memory is required of a ServedModel (the operator refuses one without it too: validation.py);
+    # a standalone worker's JSON store may leave it out (the worker measures what it loads).
+    assert set(schema["required"]) == {"framework", "source", "memory"}
     pattern = schema["properties"]["source"]["properties"]["uri"]["pattern"]
     assert all(f"{scheme}" in pattern for scheme in spec_module.SOURCE_SCHEMES)
 
@@ -89,16 +103,16 @@ def test_limits_and_bounds_agree() -> None:
 
 
 def test_per_model_limits_reach_the_workers_model_store() -> None:
-    from modelplane_operator import workloads
+    from hotset_common import model_store
 
     spec = ModelSpec.from_served_model({"metadata": {"name": "m"}, "spec": {
         "framework": "triton", "source": {"uri": "pvc://c/m"}, "maxConcurrency": 2, "timeoutSeconds": 1.5}})
-    read_back = ModelSpec.model_validate(workloads.store_entry(spec))
+    read_back = model_store.parse_entry(model_store.store_entry(spec), "the catalog")
     assert (read_back.max_concurrency, read_back.timeout_seconds) == (2, 1.5)
 
 
 def test_the_canary_schema_agrees() -> None:
     canary = _spec_schema()["properties"]["rollout"]["properties"]["canary"]
-    fields = {(f.alias or name) for name, f in spec_module.Canary.model_fields.items()}
+    fields = {(f.alias or name) for name, f in spec_module.Canary.model_fields.items()} - {"sourceOptions"}
     assert set(canary["properties"]) == fields and set(canary["required"]) == {"version", "source", "weight"}
     assert (canary["properties"]["weight"]["minimum"], canary["properties"]["weight"]["maximum"]) == (0, 100)

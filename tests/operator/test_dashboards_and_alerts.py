@@ -12,21 +12,21 @@ import promql_parser
 import pytest
 import yaml
 
-from modelplane_operator.metrics import OperatorMetrics
-from modelplane_router.telemetry import RouterMetrics
-from modelplane_testing.kube_cluster import KubeCluster
-from modelplane_testing.operator_harness import Cluster
-from modelplane_worker.metrics import WorkerMetrics
+from hotset_operator.metrics import OperatorMetrics
+from hotset_router.telemetry import RouterMetrics
+from hotset_testing.kube_cluster import KubeCluster
+from hotset_testing.operator_harness import Cluster
+from hotset_worker.metrics import WorkerMetrics
 
 ROOT = Path(__file__).resolve().parents[2]
-CHART = ROOT / "charts" / "modelplane"
+CHART = ROOT / "charts" / "hotset"
 MONITORING_CRDS = ROOT / "tests" / "fixtures" / "monitoring-crds.yaml"
 ON = ["--set", "monitoring.dashboard.enabled=true", "--set", "monitoring.prometheusRule.enabled=true",
       "--set", "serviceMonitor.enabled=true"]
 
 
 def _render(kube: KubeCluster, namespace: str, *extra: str) -> list[dict[str, Any]]:
-    result = subprocess.run([str(kube.binaries.helm), "template", "modelplane", str(CHART), "--namespace", namespace,
+    result = subprocess.run([str(kube.binaries.helm), "template", "hotset", str(CHART), "--namespace", namespace,
                              *extra], capture_output=True, text=True, timeout=60, env=kube.env())
     assert result.returncode == 0, result.stderr
     return [d for d in yaml.safe_load_all(result.stdout) if d]
@@ -64,8 +64,8 @@ def _grouping(expression: str) -> set[str]:
 def _queries(documents: list[dict[str, Any]]) -> dict[str, str]:
     """Where each query is -> the query: every dashboard target and every alert's expr."""
     found: dict[str, str] = {}
-    configmap = next(d for d in documents if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "modelplane-dashboard")
-    dashboard = json.loads(configmap["data"]["modelplane.json"])
+    configmap = next(d for d in documents if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "hotset-dashboard")
+    dashboard = json.loads(configmap["data"]["hotset.json"])
     for panel in dashboard["panels"]:
         for target in panel["targets"]:
             found[f"panel {panel['title']!r} {target['refId']}"] = target["expr"]
@@ -78,7 +78,7 @@ def _queries(documents: list[dict[str, Any]]) -> dict[str, str]:
 
 def test_off_unless_asked_for(kube_cluster: KubeCluster) -> None:
     kinds = {d["kind"] for d in _render(kube_cluster, "ns")}
-    assert "PrometheusRule" not in kinds and "modelplane-dashboard" not in {
+    assert "PrometheusRule" not in kinds and "hotset-dashboard" not in {
         d["metadata"]["name"] for d in _render(kube_cluster, "ns")}
 
 
@@ -86,8 +86,8 @@ def test_every_query_selects_metrics_and_labels_the_code_exports(kube_cluster: K
     exported = _exported()
     queries = _queries(_render(kube_cluster, "ns", *ON))
     assert len(queries) >= 20 and {q for q in queries if q.startswith("alert ")} == {
-        "alert ModelplaneModelThrashing", "alert ModelplaneLoadFailures", "alert ModelplaneNoCapacity",
-        "alert ModelplanePoolAtMaximum"}
+        "alert HotsetModelThrashing", "alert HotsetLoadFailures", "alert HotsetNoCapacity",
+        "alert HotsetPoolAtMaximum"}
     problems = []
     for where, query in queries.items():
         parsed = promql_parser.parse(re.sub(r"\$__(rate_interval|range|interval)", "5m", query))
@@ -114,7 +114,7 @@ def test_the_real_api_server_accepts_the_dashboard_and_the_alerts(cluster: Clust
                          "crd/podmonitors.monitoring.coreos.com", "crd/servicemonitors.monitoring.coreos.com")
     documents = [d for d in _render(cluster.kube, cluster.namespace, *ON)
                  if d["kind"] in ("PrometheusRule", "PodMonitor", "ServiceMonitor")
-                 or d["metadata"]["name"] == "modelplane-dashboard"]
+                 or d["metadata"]["name"] == "hotset-dashboard"]
     assert sorted(d["kind"] for d in documents) == ["ConfigMap", "PodMonitor", "PodMonitor", "PrometheusRule",
                                                    "ServiceMonitor"]
     manifest = "\n---\n".join(yaml.safe_dump(d) for d in documents)

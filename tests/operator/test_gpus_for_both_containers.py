@@ -16,16 +16,16 @@ from pathlib import Path
 
 import yaml
 
-from modelplane_testing import kube_cluster as kc
-from modelplane_testing.operator_harness import Cluster, operator_config, running_operator, served_model, wait_for
+from hotset_testing import kube_cluster as kc
+from hotset_testing.operator_harness import Cluster, operator_config, running_operator, served_model, wait_for
 
-CHART = Path(__file__).resolve().parents[2] / "charts" / "modelplane"
+CHART = Path(__file__).resolve().parents[2] / "charts" / "hotset"
 
 
 def rendered_claim_template(cluster: Cluster, device_class: str) -> dict:
     """The chart's ResourceClaimTemplate, rendered as `helm install` would with these values."""
     result = subprocess.run(
-        [str(cluster.kube.binaries.helm), "template", "modelplane", str(CHART), "--namespace", cluster.namespace,
+        [str(cluster.kube.binaries.helm), "template", "hotset", str(CHART), "--namespace", cluster.namespace,
          "--show-only", "templates/worker-gpu-claim.yaml", "--set", "workers.gpu.mode=dra",
          "--set", f"workers.gpu.deviceClassName={device_class}", "--set", "workers.gpu.count=1"],
         capture_output=True, text=True, timeout=60, env=cluster.kube.env())

@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from modelplane_operator.config import ENV_PREFIX, OperatorConfig
-from modelplane_router import main as router_main
-from modelplane_testing.kube_cluster import KubeCluster
-from modelplane_testing.operator_harness import (Cluster, operator_config, running_operator, served_model,
-                                                 service_account_kubeconfig, wait_for)
+from hotset_operator.config import ENV_PREFIX, OperatorConfig
+from hotset_router import main as router_main
+from hotset_testing.kube_cluster import KubeCluster
+from hotset_testing.operator_harness import (Cluster, catalog_models, operator_config, running_operator, served_model,
+                                              service_account_kubeconfig, wait_for)
 
-CHART = Path(__file__).resolve().parents[2] / "charts" / "modelplane"
+CHART = Path(__file__).resolve().parents[2] / "charts" / "hotset"
 
 
 def _helm(kube: KubeCluster, *args: str) -> subprocess.CompletedProcess[str]:
@@ -26,7 +26,7 @@ def _helm(kube: KubeCluster, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def _render(cluster: Cluster, *extra: str) -> str:
-    result = _helm(cluster.kube, "template", "modelplane", str(CHART), "--namespace", cluster.namespace,
+    result = _helm(cluster.kube, "template", "hotset", str(CHART), "--namespace", cluster.namespace,
                    "--include-crds", *extra)
     assert result.returncode == 0, result.stderr
     return result.stdout
@@ -37,17 +37,30 @@ def test_helm_lint_passes(kube_cluster: KubeCluster) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_rendered_chart_passes_server_side_dry_run(cluster: Cluster) -> None:
+SCHEDULING = ('{"nodeSelector": {"pool": "system"}, "tolerations": [{"key": "dedicated", "operator": "Equal", '
+              '"value": "ops", "effect": "NoSchedule"}], "affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnored'
+              'DuringExecution": [{"weight": 1, "preference": {"matchExpressions": [{"key": "zone", "operator": "In", '
+              '"values": ["a"]}]}}]}}, "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": '
+              '"topology.kubernetes.io/zone", "whenUnsatisfiable": "ScheduleAnyway"}], "priorityClassName": "p"}')
+
+
+@pytest.mark.parametrize("gpu_mode", ["devicePlugin", "dra"])
+def test_rendered_chart_passes_server_side_dry_run(cluster: Cluster, gpu_mode: str) -> None:
     manifest = _render(cluster, "--set", "workers.modelClaims={models,extra}", "--set", "router.adminToken.existingSecret=tok",
-                       "--set", "router.extraEnv[0].name=EXTRA,router.extraEnv[0].value=1")
+                       "--set", "router.extraEnv[0].name=EXTRA,router.extraEnv[0].value=1", "--set", f"workers.gpu.mode={gpu_mode}",
+                       "--set-json", f"operator.scheduling={SCHEDULING}", "--set-json", f"router.scheduling={SCHEDULING}")
     result = cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=manifest, check=False)
     assert result.returncode == 0, result.stderr
     created = result.stdout
-    for name in ("deployment.apps/modelplane-operator", "deployment.apps/modelplane-router",
-                 "service/modelplane-router", "role.rbac.authorization.k8s.io/modelplane-operator",
-                 "serviceaccount/modelplane-worker", "customresourcedefinition.apiextensions.k8s.io/servedmodels.modelplane.io",
-                 "resourceclaimtemplate.resource.k8s.io/modelplane-worker-gpu"):
+    for name in ("deployment.apps/hotset-operator", "deployment.apps/hotset-router",
+                 "service/hotset-router", "service/hotset-operator", "role.rbac.authorization.k8s.io/hotset-operator",
+                 "serviceaccount/hotset-worker", "customresourcedefinition.apiextensions.k8s.io/servedmodels.hotset.io"):
         assert name in created, created
+    assert ("resourceclaimtemplate.resource.k8s.io/hotset-worker-gpu" in created) is (gpu_mode == "dra"), created
+    for deployment in (d for d in yaml.safe_load_all(manifest) if d and d["kind"] == "Deployment"):
+        pod = deployment["spec"]["template"]["spec"]
+        assert pod["priorityClassName"] == "p" and pod["nodeSelector"] == {"pool": "system"}, deployment["metadata"]["name"]
+        assert pod["tolerations"][0]["key"] == "dedicated" and pod["topologySpreadConstraints"] and pod["affinity"]
 
 
 def _can(cluster: Cluster, account: str, *args: str) -> bool:
@@ -64,64 +77,70 @@ def installed(cluster: Cluster) -> Cluster:
 
 
 OPERATOR_NEEDS = [
-    ("watch", "servedmodels.modelplane.io"), ("patch", "servedmodels.modelplane.io"),
-    ("patch", "servedmodels.modelplane.io", "--subresource=status"), ("create", "deployments.apps"),
-    ("patch", "deployments.apps"), ("delete", "deployments.apps"), ("list", "pods"),
-    ("create", "events"), ("create", "configmaps"), ("patch", "configmaps/modelplane-models"),
-    ("watch", "workerpools.modelplane.io"), ("create", "workerpools.modelplane.io"),
-    ("patch", "workerpools.modelplane.io", "--subresource=scale"),
-    ("patch", "workerpools.modelplane.io", "--subresource=status"), ("watch", "modelquotas.modelplane.io"),
-    ("patch", "modelquotas.modelplane.io", "--subresource=status"), ("patch", "pods"),
+    ("watch", "servedmodels.hotset.io"), ("patch", "servedmodels.hotset.io"),
+    ("patch", "servedmodels.hotset.io", "--subresource=status"), ("create", "deployments.apps"),
+    ("patch", "deployments.apps"), ("delete", "deployments.apps"), ("watch", "deployments.apps"), ("list", "pods"),
+    ("watch", "pods"), ("create", "events"),
+    ("watch", "workerpools.hotset.io"), ("create", "workerpools.hotset.io"),
+    ("patch", "workerpools.hotset.io", "--subresource=scale"),
+    ("patch", "workerpools.hotset.io", "--subresource=status"), ("watch", "modelquotas.hotset.io"),
+    ("patch", "modelquotas.hotset.io", "--subresource=status"), ("patch", "pods"),
+    # Source credentials: the Secrets ServedModels name, read one by one, and the pool's copy of them.
+    ("get", "secrets"), ("create", "secrets"), ("patch", "secrets/hotset-source-credentials"),
+    ("get", "namespaces"),
 ]
 OPERATOR_MUST_NOT = [
-    ("get", "secrets"), ("list", "secrets"), ("create", "pods"), ("delete", "pods"),
-    ("delete", "servedmodels.modelplane.io"), ("patch", "configmaps/kube-root-ca.crt"),
+    ("list", "secrets"), ("watch", "secrets"), ("patch", "secrets/hotset-worker-token"), ("delete", "secrets"),
+    ("create", "pods"), ("delete", "pods"),
+    ("delete", "servedmodels.hotset.io"), ("patch", "configmaps/kube-root-ca.crt"), ("create", "configmaps"),
     ("create", "roles.rbac.authorization.k8s.io"), ("list", "nodes"), ("delete", "namespaces"),
     ("list", "customresourcedefinitions.apiextensions.k8s.io"),
-    ("create", "deployments.apps", "-n", "default"), ("patch", "modelquotas.modelplane.io"),
-    ("delete", "workerpools.modelplane.io"),
+    ("create", "deployments.apps", "-n", "default"), ("patch", "modelquotas.hotset.io"),
+    ("delete", "workerpools.hotset.io"),
 ]
 
 
 def test_operator_account_may_do_its_job_and_nothing_else(installed: Cluster) -> None:
-    missing = [args for args in OPERATOR_NEEDS if not _can(installed, "modelplane-operator", *args)]
-    excess = [args for args in OPERATOR_MUST_NOT if _can(installed, "modelplane-operator", *args)]
+    missing = [args for args in OPERATOR_NEEDS if not _can(installed, "hotset-operator", *args)]
+    excess = [args for args in OPERATOR_MUST_NOT if _can(installed, "hotset-operator", *args)]
     assert (missing, excess) == ([], [])
 
 
 def test_router_and_worker_accounts_are_read_only_or_nothing(installed: Cluster) -> None:
-    assert _can(installed, "modelplane-router", "watch", "pods")
-    assert _can(installed, "modelplane-router", "list", "servedmodels.modelplane.io")
+    assert _can(installed, "hotset-router", "watch", "pods")
+    assert _can(installed, "hotset-router", "list", "servedmodels.hotset.io")
     # its one write: the annotation that asks the operator for a pod of a model a request waits for
-    assert _can(installed, "modelplane-router", "patch", "servedmodels.modelplane.io")
-    assert not _can(installed, "modelplane-router", "patch", "servedmodels.modelplane.io", "--subresource=status")
-    assert not _can(installed, "modelplane-router", "delete", "servedmodels.modelplane.io")
-    assert not _can(installed, "modelplane-router", "patch", "pods")
-    assert not _can(installed, "modelplane-router", "get", "secrets")
-    assert not _can(installed, "modelplane-worker", "list", "pods")
+    assert _can(installed, "hotset-router", "patch", "servedmodels.hotset.io")
+    assert not _can(installed, "hotset-router", "patch", "servedmodels.hotset.io", "--subresource=status")
+    assert not _can(installed, "hotset-router", "delete", "servedmodels.hotset.io")
+    assert not _can(installed, "hotset-router", "patch", "pods")
+    assert not _can(installed, "hotset-router", "get", "secrets")
+    assert not _can(installed, "hotset-worker", "list", "pods")
 
 
 def test_operator_works_under_its_own_service_account(installed: Cluster, tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    kubeconfig = service_account_kubeconfig(installed.kube, installed.namespace, "modelplane-operator",
+    kubeconfig = service_account_kubeconfig(installed.kube, installed.namespace, "hotset-operator",
                                             tmp_path / "operator.kubeconfig")
     monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
-    with running_operator(operator_config(installed.namespace, worker_service_account="modelplane-worker")):
+    config = operator_config(installed.namespace, worker_service_account="hotset-worker")
+    with running_operator(config):
         installed.apply(served_model("rbac-check", placement="dedicated", replicas={"min": 1, "max": 1}))
         wait_for(lambda: (installed.condition("rbac-check", "Accepted") or {}).get("status") == "True", "Accepted")
         deployment = wait_for(lambda: installed.get("deployment", "rbac-check-dedicated"), "the dedicated Deployment")
-        assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == "modelplane-worker"
-        wait_for(lambda: installed.get("configmap", "modelplane-models"), "the model store")
+        assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == "hotset-worker"
+        wait_for(lambda: catalog_models(config, installed.namespace, "rbac-check") == ["rbac-check"],
+                 "its catalog served")
         installed.kubectl("delete", "servedmodel", "rbac-check", "--timeout=30s")
 
 
 def test_chart_settings_are_ones_the_operator_reads(kube_cluster: KubeCluster) -> None:
-    result = _helm(kube_cluster, "template", "modelplane", str(CHART), "--set", "workers.gpu.mode=devicePlugin",
+    result = _helm(kube_cluster, "template", "hotset", str(CHART), "--set", "workers.gpu.mode=devicePlugin",
                    "--set", "workers.gpu.count=2", "--set", "workers.gpu.tritonCount=1",
                    "--set", "workers.memoryBudget=40Gi", "--set", "workers.modelClaims={models,extra}")
     assert result.returncode == 0, result.stderr
     operator = next(d for d in yaml.safe_load_all(result.stdout)
-                    if d and d["kind"] == "Deployment" and d["metadata"]["name"] == "modelplane-operator")
+                    if d and d["kind"] == "Deployment" and d["metadata"]["name"] == "hotset-operator")
     env = {e["name"]: e["value"] for e in operator["spec"]["template"]["spec"]["containers"][0]["env"] if "value" in e}
     unknown = [k for k in env if k.startswith(ENV_PREFIX) and k[len(ENV_PREFIX):].lower() not in OperatorConfig.model_fields]
     assert unknown == []
@@ -129,15 +148,15 @@ def test_chart_settings_are_ones_the_operator_reads(kube_cluster: KubeCluster) -
     assert (config.gpus_per_pod, config.pod_memory_budget, config.model_claims) == (2, 40 * 2**30, ("models", "extra"))
     assert (config.gpu_mode.value, config.triton_gpus) == ("devicePlugin", 1)
     assert not [d for d in yaml.safe_load_all(result.stdout) if d and d["kind"] == "ResourceClaimTemplate"]
-    assert config.worker_service_account == "modelplane-worker"
+    assert config.worker_service_account == "hotset-worker"
 
 
 def _router_env(kube: KubeCluster, *sets: str) -> list[dict]:
     argv = [arg for value in sets for arg in ("--set", value)]
-    result = _helm(kube, "template", "modelplane", str(CHART), *argv)
+    result = _helm(kube, "template", "hotset", str(CHART), *argv)
     assert result.returncode == 0, result.stderr
     router = next(d for d in yaml.safe_load_all(result.stdout)
-                  if d and d["kind"] == "Deployment" and d["metadata"]["name"] == "modelplane-router")
+                  if d and d["kind"] == "Deployment" and d["metadata"]["name"] == "hotset-router")
     return router["spec"]["template"]["spec"]["containers"][0]["env"]
 
 
@@ -155,31 +174,32 @@ def test_router_values_land_in_the_router_env_and_the_router_reads_them(kube_clu
     args = router_main.parse_args([])
     assert (args.churn_guard_seconds, args.replicate_rps_per_copy, args.idle_copy_seconds) == (0, 2.5, 3600)
     assert (args.sync_interval, args.max_body_bytes, args.log_level, args.cluster) == (0.5, "8Mi", "debug", True)
-    token = next(e for e in env if e["name"] == "MODELPLANE_ADMIN_TOKEN")
+    token = next(e for e in env if e["name"] == "HOTSET_ADMIN_TOKEN")
     assert token["valueFrom"] == {"secretKeyRef": {"name": "admin", "key": "secret-token"}}
 
 
 def test_router_has_no_admin_token_unless_a_secret_is_named(kube_cluster: KubeCluster) -> None:
     env = _router_env(kube_cluster, "router.extraEnv[0].name=HTTPS_PROXY,router.extraEnv[0].value=http://proxy:3128")
-    assert "MODELPLANE_ADMIN_TOKEN" not in {e["name"] for e in env}
+    assert "HOTSET_ADMIN_TOKEN" not in {e["name"] for e in env}
     assert {"name": "HTTPS_PROXY", "value": "http://proxy:3128"} in env
 
 
 @pytest.mark.parametrize("values, words", [
     (["workers.gpusPerPod=1"], "workers.gpusPerPod is now workers.gpu.count"),
     (["workers.gpu.mode=gpus"], 'workers.gpu.mode must be dra, devicePlugin or none, not "gpus"'),
-    (["workers.gpu.count=0"], "workers.gpu.count must be at least 1 with workers.gpu.mode dra"),
+    (["workers.gpu.count=0"], "workers.gpu.count must be at least 1 with workers.gpu.mode devicePlugin"),
+    (["workers.gpu.count=0", "workers.gpu.mode=dra"], "workers.gpu.count must be at least 1 with workers.gpu.mode dra"),
 ])
 def test_gpu_values_that_would_give_pods_no_gpu_fail_the_render(kube_cluster: KubeCluster, values: list[str],
                                                                 words: str) -> None:
-    result = _helm(kube_cluster, "template", "modelplane", str(CHART), *[a for v in values for a in ("--set", v)])
+    result = _helm(kube_cluster, "template", "hotset", str(CHART), *[a for v in values for a in ("--set", v)])
     assert result.returncode != 0 and words in result.stderr, result.stderr
 
 
 def test_worker_pods_answer_only_the_router_and_the_operator(kube_cluster: KubeCluster) -> None:
     """A NetworkPolicy in front of the workers, one generated token shared by exactly the router,
     the operator (and through it the worker pods), and a disruption budget for the routers."""
-    result = _helm(kube_cluster, "template", "modelplane", str(CHART))
+    result = _helm(kube_cluster, "template", "hotset", str(CHART))
     assert result.returncode == 0, result.stderr
     documents = [d for d in yaml.safe_load_all(result.stdout) if d]
     (policy,) = [d for d in documents if d["kind"] == "NetworkPolicy"]
@@ -187,9 +207,9 @@ def test_worker_pods_answer_only_the_router_and_the_operator(kube_cluster: KubeC
     peers = [peer["podSelector"]["matchLabels"]["app.kubernetes.io/component"] for peer in policy["spec"]["ingress"][0]["from"]]
     assert sorted(peers) == ["operator", "router"]
     (secret,) = [d for d in documents if d["kind"] == "Secret"]
-    assert secret["metadata"]["name"] == "modelplane-worker-token" and secret["data"]["token"]
+    assert secret["metadata"]["name"] == "hotset-worker-token" and secret["data"]["token"]
     envs = {d["metadata"]["name"]: {e["name"]: e for e in d["spec"]["template"]["spec"]["containers"][0]["env"]}
             for d in documents if d["kind"] == "Deployment"}
-    assert envs["modelplane-router"]["MODELPLANE_WORKER_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "modelplane-worker-token"
-    assert envs["modelplane-operator"]["MODELPLANE_OPERATOR_WORKER_TOKEN_SECRET"]["value"] == "modelplane-worker-token"
-    assert any(d["kind"] == "PodDisruptionBudget" and d["metadata"]["name"] == "modelplane-router" for d in documents)
+    assert envs["hotset-router"]["HOTSET_WORKER_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "hotset-worker-token"
+    assert envs["hotset-operator"]["HOTSET_OPERATOR_WORKER_TOKEN_SECRET"]["value"] == "hotset-worker-token"
+    assert any(d["kind"] == "PodDisruptionBudget" and d["metadata"]["name"] == "hotset-router" for d in documents)

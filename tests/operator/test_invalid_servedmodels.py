@@ -6,22 +6,28 @@ from pathlib import Path
 
 import pytest
 
-from modelplane_testing.operator_harness import Cluster, served_model, wait_for
+from hotset_testing.operator_harness import Cluster, catalog_models, served_model, wait_for
 
 
-def _without_framework() -> dict:
-    body = served_model("no-framework")
-    del body["spec"]["framework"]
+def _without(field: str) -> dict:
+    body = served_model(f"no-{field}")
+    del body["spec"][field]
     return body
 
 
 @pytest.mark.parametrize("manifest, field, words", [
-    (_without_framework(), "spec.framework", "Required value"),
+    (_without("framework"), "spec.framework", "Required value"),
+    (_without("memory"), "spec.memory", "Required value"),  # it counted as 0 bytes everywhere
+    (served_model("zero-memory", memory=0), "spec.memory", "more than 0 bytes"),
     (served_model("unknown-framework", framework="onnx"), "spec.framework", 'Unsupported value: "onnx"'),
     (served_model("min-over-max", replicas={"min": 3, "max": 1}), "spec.replicas",
      "spec.replicas.min must not exceed spec.replicas.max"),
     (served_model("traversal", source={"uri": "pvc://models/../secrets"}), "spec.source.uri", "'..'"),
-    (served_model("bad-scheme", source={"uri": "http://example.com/m"}), "spec.source.uri", "should match"),
+    (served_model("bad-scheme", source={"uri": "ftp://example.com/m"}), "spec.source.uri", "should match"),
+    (served_model("no-checksum", source={"uri": "https://example.com/m.tar.gz"}), "spec.source",
+     "spec.source.sha256 is required for an https:// archive"),
+    (served_model("bad-digest", source={"uri": "https://example.com/m.tar.gz", "sha256": "abc"}), "spec.source.sha256",
+     "should match"),
     (served_model("bad-memory", memory="lots"), "spec.memory", "should match"),
 ])
 def test_api_server_refuses_what_the_schema_forbids(cluster: Cluster, manifest: dict, field: str, words: str) -> None:
@@ -51,10 +57,20 @@ def test_operator_marks_what_only_it_can_judge(cluster: Cluster, operator) -> No
     # Fixing the spec is enough: the operator accepts it on the update.
     cluster.kubectl("patch", "servedmodel", "too-big", "--type=merge", "-p", '{"spec": {"memory": "2Gi"}}')
     wait_for(lambda: (cluster.condition("too-big", "Accepted") or {}).get("status") == "True", "Accepted after the fix")
-    # Only accepted models reach the workers' model store.
-    store = wait_for(lambda: '"too-big"' in (data := ((cluster.get("configmap", config.model_store_configmap) or {})
-                                                    .get("data") or {}).get("models.json", "")) and data, "too-big in the store")
-    assert '"too-big"' in store and '"fine"' in store and '"too-many"' not in store
+    # Only accepted models reach the catalog the pool's workers follow.
+    wait_for(lambda: catalog_models(config, cluster.namespace) == ["fine", "too-big"], "too-big in the pool's catalog")
+
+
+def test_a_model_without_memory_from_an_older_crd_is_refused_naming_the_field() -> None:
+    """Objects created before the CRD required spec.memory (helm never upgrades CRDs) are
+    refused by the operator, not counted as 0 bytes."""
+    from hotset_operator import validation
+    from hotset_testing.operator_harness import operator_config
+
+    body = served_model("unsized")
+    del body["spec"]["memory"]
+    verdict = validation.validate(body, operator_config("default"))
+    assert not verdict.accepted and verdict.message().startswith("spec.memory: required")
 
 
 def test_the_samples_are_valid(cluster: Cluster) -> None:

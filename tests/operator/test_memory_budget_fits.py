@@ -13,7 +13,7 @@ import sys
 import pydantic
 import pytest
 
-from modelplane_operator.config import OperatorConfig
+from hotset_operator.config import OperatorConfig
 
 
 def test_cpu_budget_at_or_above_the_limit_is_refused() -> None:
@@ -35,9 +35,9 @@ def test_gpu_budget_is_not_bounded_by_the_container_limit() -> None:
 
 
 def test_the_operator_exits_with_the_reason_instead_of_starting() -> None:
-    env = {"MODELPLANE_OPERATOR_GPUS_PER_POD": "0", "MODELPLANE_OPERATOR_POD_MEMORY_BUDGET": "4Gi",
-           "MODELPLANE_OPERATOR_WORKER_MEMORY": "2Gi", "PATH": "/usr/bin:/bin"}
-    done = subprocess.run([sys.executable, "-c", "from modelplane_operator.main import main; main([])"],
+    env = {"HOTSET_OPERATOR_GPUS_PER_POD": "0", "HOTSET_OPERATOR_POD_MEMORY_BUDGET": "4Gi",
+           "HOTSET_OPERATOR_WORKER_MEMORY": "2Gi", "PATH": "/usr/bin:/bin"}
+    done = subprocess.run([sys.executable, "-c", "from hotset_operator.main import main; main([])"],
                           env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 1
     assert "invalid settings" in done.stderr and "workers.memoryBudget (4.0Gi)" in done.stderr

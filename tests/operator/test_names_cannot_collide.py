@@ -5,18 +5,20 @@ shared pool's catalog (its model-store key was the pool's) and its
 Deployment selected the pool's pods. Now reserved names are refused by the
 CRD's CEL rule and by the operator (for objects the rule never saw: Helm
 does not upgrade a chart's CRDs), and pools are keyed by placement, so two
-pools cannot share a store key or select each other's pods.
+pools cannot share a catalog or select each other's pods.
 """
 from __future__ import annotations
 
 import json
 from typing import Iterator
 
+import httpx
 import pytest
 
-from modelplane_common import labels
-from modelplane_common.spec import RESERVED_NAMES
-from modelplane_testing.operator_harness import CRD, Cluster, operator_config, running_operator, served_model, wait_for
+from hotset_common import labels
+from hotset_common.spec import RESERVED_NAMES
+from hotset_testing.operator_harness import (CRD, Cluster, catalog_models, operator_config, running_operator,
+                                              served_model, wait_for)
 
 
 def dedicated(name: str, **spec) -> dict:
@@ -36,7 +38,7 @@ def test_the_api_server_refuses_a_reserved_name(cluster: Cluster, name: str) -> 
 @pytest.fixture
 def crd_without_the_name_rule(cluster: Cluster) -> Iterator[Cluster]:
     """The CRD as an older chart installed it (no CEL rule on names), restored afterwards."""
-    cluster.kube.kubectl("patch", "crd", "servedmodels.modelplane.io", "--type=json", "-p", json.dumps(
+    cluster.kube.kubectl("patch", "crd", "servedmodels.hotset.io", "--type=json", "-p", json.dumps(
         [{"op": "remove", "path": "/spec/versions/0/schema/openAPIV3Schema/x-kubernetes-validations"}]))
     try:
         yield cluster
@@ -55,8 +57,9 @@ def test_the_operator_refuses_a_reserved_name_and_the_pool_keeps_its_catalog(crd
         assert "metadata.name: 'shared' is reserved" in refused["message"]
         wait_for(lambda: (cluster.condition("small", "Accepted") or {}).get("status") == "True", "small accepted")
 
-        store = cluster.get("configmap", config.model_store_configmap)["data"]
-        assert set(store) == {"models.json"} and '"small"' in store["models.json"]  # the pool's catalog is intact
+        # the pool's catalog is intact, and the refused model has none of its own
+        wait_for(lambda: catalog_models(config, cluster.namespace) == ["small"], "small in the pool's catalog")
+        assert catalog_models(config, cluster.namespace, "shared") == []
         assert cluster.get("deployment", "shared-dedicated") is None
         pool = wait_for(lambda: cluster.get("deployment", config.pool_name), "the pool's Deployment (the pool loop's)")
         assert pool["spec"]["selector"]["matchLabels"][labels.POOL] == labels.SHARED_POOL
@@ -98,24 +101,25 @@ def test_each_pool_selects_only_its_own_pods_and_reads_only_its_own_store(cluste
         selector = ",".join(f"{k}={v}" for k, v in deployment["spec"]["selector"]["matchLabels"].items())
         selected = cluster.items("pods", selector)
         assert [_owned_by(p, replica_sets) for p in selected] == [name], (name, selector)  # its own pod, no other
-        volume = next(v for v in deployment["spec"]["template"]["spec"]["volumes"] if v["name"] == "model-store")
-        key = volume["configMap"]["items"][0]["key"]
-        catalog = json.loads(cluster.get("configmap", config.model_store_configmap)["data"][key])
+        worker = next(c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "hotset-worker")
+        url = next(e["value"] for e in worker["env"] if e["name"] == "HOTSET_CATALOG_URL")
+        catalog = wait_for(lambda: (a := httpx.get(url, timeout=10)).status_code == 200 and a.json()["models"] and a.json(),
+                           f"the catalog {name}'s pods follow")
         assert [m["id"] for m in catalog["models"]] == [dedicated_to or "small"]
     assert {labels.pool_of(p["metadata"]["labels"]) for p in pods} == {
         labels.SHARED_POOL, labels.dedicated_pool("alpha"), labels.dedicated_pool("beta")}
 
 
 def test_a_dedicated_group_made_by_an_older_operator_is_rekeyed(cluster: Cluster, operator) -> None:
-    """Older operators labelled a dedicated group's pods modelplane.io/pool=<model>; selectors are
+    """Older operators labelled a dedicated group's pods hotset.io/pool=<model>; selectors are
     immutable, so the operator replaces such a Deployment instead of failing on it."""
     old_labels = {labels.PART_OF: labels.PROJECT, labels.COMPONENT: labels.WORKER, labels.POOL: "gamma"}
     cluster.apply({
         "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": "gamma-dedicated", "labels": {**old_labels, labels.MANAGED_BY: "modelplane-operator"}},
+        "metadata": {"name": "gamma-dedicated", "labels": {**old_labels, labels.MANAGED_BY: "hotset-operator"}},
         "spec": {"replicas": 1, "selector": {"matchLabels": old_labels}, "template": {
             "metadata": {"labels": old_labels},
-            "spec": {"containers": [{"name": "modelplane-worker", "image": "registry.example/old:1"}]}}},
+            "spec": {"containers": [{"name": "hotset-worker", "image": "registry.example/old:1"}]}}},
     })
     cluster.apply(dedicated("gamma"))
 

@@ -1,13 +1,13 @@
 """Several namespaces, their pools and their quotas, against the real API server and operator."""
 from __future__ import annotations
 
-import json
 import uuid
 from typing import Iterator
 
 import pytest
 
-from modelplane_testing.operator_harness import Cluster, operator_config, running_operator, served_model, wait_for
+from hotset_testing.operator_harness import (Cluster, catalog_models, operator_config, running_operator, served_model,
+                                              wait_for)
 
 pytestmark = [pytest.mark.kube]
 
@@ -25,18 +25,14 @@ def teams(cluster: Cluster) -> Iterator[tuple[Cluster, Cluster]]:
             cluster.kube.kubectl("delete", "namespace", name, "--wait=false", check=False)
 
 
-def store_models(cluster: Cluster, key: str = "models.json") -> list[str]:
-    data = ((cluster.get("configmap", "modelplane-models") or {}).get("data") or {}).get(key)
-    return sorted(m["id"] for m in json.loads(data)["models"]) if data else []
-
-
 def accepted(cluster: Cluster, name: str) -> dict:
     return wait_for(lambda: cluster.condition(name, "Accepted"), f"Accepted on {name} in {cluster.namespace}")
 
 
 def test_a_model_over_its_namespace_quota_is_refused_with_the_reason_until_the_quota_grows(cluster: Cluster) -> None:
-    with running_operator(operator_config(cluster.namespace)):
-        cluster.apply({"apiVersion": "modelplane.io/v1alpha1", "kind": "ModelQuota", "metadata": {"name": "team"},
+    config = operator_config(cluster.namespace)
+    with running_operator(config):
+        cluster.apply({"apiVersion": "hotset.io/v1alpha1", "kind": "ModelQuota", "metadata": {"name": "team"},
                        "spec": {"memory": "2Gi", "copies": 4}})
         cluster.apply(served_model("first", memory="1Gi", replicas={"min": 0, "max": 1}))
         assert accepted(cluster, "first")["status"] == "True"
@@ -48,12 +44,13 @@ def test_a_model_over_its_namespace_quota_is_refused_with_the_reason_until_the_q
         quota = wait_for(lambda: ((q := cluster.get("modelquota", "team")) or {}).get("status", {}).get("refused") and q,
                          "the quota's status")
         assert quota["status"] == {"used": {"memory": "1.0Gi", "copies": 1, "gpus": 0.25}, "refused": ["second"]}
-        wait_for(lambda: store_models(cluster) == ["first"], "only the accepted model in the workers' store")
+        wait_for(lambda: catalog_models(config, cluster.namespace) == ["first"],
+                 "only the accepted model in the pool's catalog")
 
         cluster.kubectl("patch", "modelquota", "team", "--type=merge", "-p", '{"spec": {"memory": "4Gi"}}')
         wait_for(lambda: (cluster.condition("second", "Accepted") or {}).get("status") == "True",
                  "second accepted once the quota grew")
-        wait_for(lambda: store_models(cluster) == ["first", "second"], "second in the workers' store")
+        wait_for(lambda: catalog_models(config, cluster.namespace) == ["first", "second"], "second in the catalog")
 
 
 def test_one_shared_pool_serves_every_watched_namespace_and_names_stay_unique(cluster: Cluster, teams) -> None:
@@ -62,7 +59,8 @@ def test_one_shared_pool_serves_every_watched_namespace_and_names_stay_unique(cl
     with running_operator(config):
         team_a.apply(served_model("sentiment", memory="1Gi", replicas={"min": 1, "max": 1}))
         team_b.apply(served_model("vision", memory="1Gi", replicas={"min": 1, "max": 1}))
-        wait_for(lambda: store_models(cluster) == ["sentiment", "vision"], "both teams' models in the shared pool's store")
+        wait_for(lambda: catalog_models(config, cluster.namespace) == ["sentiment", "vision"],
+                 "both teams' models in the shared pool's catalog")
         wait_for(lambda: ((cluster.get("workerpool", config.pool_name) or {}).get("status") or {}).get("desiredReplicas") == 1,
                  "the shared pool sized for both")
         assert team_a.get("deployment", config.pool_name) is None  # no pool of their own
@@ -81,8 +79,8 @@ def test_each_namespace_can_have_a_pool_of_its_own(cluster: Cluster, teams) -> N
     with running_operator(config):
         team_a.apply(served_model("a-model", memory="1Gi", replicas={"min": 2, "max": 2}))
         team_b.apply(served_model("b-model", memory="1Gi", replicas={"min": 1, "max": 1}))
-        wait_for(lambda: store_models(team_a) == ["a-model"] and store_models(team_b) == ["b-model"],
-                 "each namespace's store listing only its models")
+        wait_for(lambda: catalog_models(config, team_a.namespace) == ["a-model"]
+                 and catalog_models(config, team_b.namespace) == ["b-model"], "each namespace's catalog listing only its models")
         wait_for(lambda: ((team_a.get("deployment", config.pool_name) or {}).get("spec") or {}).get("replicas") == 2,
                  "team-a's pool sized for its two copies")
         wait_for(lambda: ((team_b.get("deployment", config.pool_name) or {}).get("spec") or {}).get("replicas") == 1,

@@ -2,10 +2,10 @@
 (the real API server and controller-manager, the real operator in a thread)."""
 from __future__ import annotations
 
-from modelplane_common import labels
-from modelplane_common.spec import ModelSpec
-from modelplane_operator import validation, workloads
-from modelplane_testing.operator_harness import Cluster, operator_config, running_operator, served_model, wait_for
+from hotset_common import labels, model_store
+from hotset_common.spec import ModelSpec
+from hotset_operator import validation
+from hotset_testing.operator_harness import Cluster, operator_config, running_operator, served_model, wait_for
 
 FOREIGN = {"app": "someone-elses"}
 
@@ -52,12 +52,12 @@ def test_dedicated_groups_past_the_cap_are_refused_oldest_first() -> None:
     assert "cap is 3" in refused["d1"].message
 
 
-def test_the_model_store_stays_under_its_bound_and_carries_no_registry_fields() -> None:
-    config = operator_config("ns", max_store_bytes=4096)
+def test_the_catalog_has_no_size_bound_and_carries_no_registry_fields() -> None:
+    """The catalog used to be one ConfigMap, so its size refused models; now each model is an entry
+    of its own (docs/architecture.md, "The catalog")."""
+    config = operator_config("ns")
     labelled = {f"k{i}": "v" * 200 for i in range(32)}
     models = items(*(served_model(f"m{i}", memory="1Gi", labels=labelled, description="d" * 1000) for i in range(20)))
-    refused = validation.over_the_caps(models, config)
-    assert refused and "the model store is full" in next(iter(refused.values())).message
-    accepted = [ModelSpec.from_served_model(m) for m in models if m["metadata"]["name"] not in refused]
-    document = workloads.build_model_store_configmap(accepted, config)["data"]["models.json"]
-    assert len(document) <= 4096 and "k0" not in document
+    assert validation.over_the_caps(models, config) == {}
+    entry = model_store.store_entry(ModelSpec.from_served_model(models[0]))
+    assert "labels" not in entry and "owner" not in entry and entry["description"] == "d" * 1000

@@ -1,5 +1,5 @@
-"""The `modelplane-operator` command, as the chart's Deployment runs it: settings from
-MODELPLANE_OPERATOR_* variables, kopf's liveness endpoint, stopped by its pid."""
+"""The `hotset-operator` command, as the chart's Deployment runs it: settings from
+HOTSET_OPERATOR_* variables, kopf's liveness endpoint, stopped by its pid."""
 from __future__ import annotations
 
 import os
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import httpx
 
-from modelplane_testing.kube_cluster import free_port
-from modelplane_testing.operator_harness import Cluster, served_model, wait_for
+from hotset_testing.kube_cluster import free_port
+from hotset_testing.operator_harness import Cluster, served_model, wait_for
 
 
 def _healthy(url: str) -> bool:
@@ -24,11 +24,12 @@ def _healthy(url: str) -> bool:
 def test_operator_command_reads_its_settings_from_the_environment(cluster: Cluster, tmp_path: Path) -> None:
     liveness = f"http://127.0.0.1:{free_port()}/healthz"
     env = {**os.environ, "KUBECONFIG": str(cluster.kube.kubeconfig),
-           "MODELPLANE_OPERATOR_NAMESPACE": cluster.namespace, "MODELPLANE_OPERATOR_GPU_MODE": "none",
-           "MODELPLANE_OPERATOR_POD_MEMORY_BUDGET": "2Gi", "MODELPLANE_OPERATOR_POOL_MIN_PODS": "2",
-           "MODELPLANE_OPERATOR_WORKER_IMAGE": "registry.example/worker:env"}
+           "HOTSET_OPERATOR_NAMESPACE": cluster.namespace, "HOTSET_OPERATOR_GPU_MODE": "none",
+           "HOTSET_OPERATOR_POD_MEMORY_BUDGET": "2Gi", "HOTSET_OPERATOR_POOL_MIN_PODS": "2",
+           "HOTSET_OPERATOR_WORKER_IMAGE": "registry.example/worker:env",
+           "HOTSET_OPERATOR_CATALOG_HOST": "127.0.0.1", "HOTSET_OPERATOR_CATALOG_PORT": str(free_port())}
     log = (tmp_path / "operator.log").open("w")
-    command = [str(Path(sys.executable).parent / "modelplane-operator"), f"--liveness={liveness}"]
+    command = [str(Path(sys.executable).parent / "hotset-operator"), f"--liveness={liveness}"]
     process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
         wait_for(lambda: process.poll() is not None or _healthy(liveness), "the liveness endpoint")
@@ -43,7 +44,7 @@ def test_operator_command_reads_its_settings_from_the_environment(cluster: Clust
         assert worker["image"] == "registry.example/worker:env"
         assert "nvidia.com/gpu" not in worker["resources"]["limits"] and "claims" not in worker["resources"]
         assert "resourceClaims" not in deployment["spec"]["template"]["spec"]  # gpu mode none, from the environment
-        wait_for(lambda: ((cluster.get("deployment", "modelplane-pool") or {}).get("spec") or {}).get("replicas") == 2,
+        wait_for(lambda: ((cluster.get("deployment", "hotset-pool") or {}).get("spec") or {}).get("replicas") == 2,
                  "the pool at its minimum from the environment (2)")
     finally:
         process.send_signal(signal.SIGTERM)

@@ -4,10 +4,10 @@ The same decisions run against real components in test_pool_scales_with_demand.p
 """
 from __future__ import annotations
 
-from modelplane_common.spec import ModelSpec
-from modelplane_common.wire import CatalogEntry, CopyState, ModelCopy, WaitingModel, WorkerStatus
-from modelplane_operator import autoscaler, demand, drain
-from modelplane_operator.pool import Want
+from hotset_common.spec import ModelSpec
+from hotset_common.wire import CatalogEntry, CopyState, ModelCopy, WaitingModel, WorkerStatus
+from hotset_operator import autoscaler, demand, drain
+from hotset_operator.pool import Want
 
 GI = 2**30
 

@@ -1,6 +1,6 @@
 """The pool follows demand, against real components: the API server, controller-manager and
 scheduler, the operator and router commands, and worker processes run for the pods they create
-(tests/modelplane_testing/pod_player.py plays the kubelet).
+(tests/hotset_testing/pod_player.py plays the kubelet).
 
 - growth: requests for more models than the pool holds wait for room, none fails, and the pool
   grows until every model has a pod;
@@ -18,8 +18,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from modelplane_testing.operator_harness import Cluster
-from modelplane_testing.scaling_stack import ScalingStack, served_model, write_ballast
+from hotset_testing.operator_harness import Cluster
+from hotset_testing.scaling_stack import ScalingStack, served_model, write_ballast
 
 pytestmark = [pytest.mark.kube, pytest.mark.slow]
 
@@ -36,7 +36,8 @@ def test_the_pool_grows_to_fit_waiting_requests_then_drains_back_to_its_minimum(
         for name in "abcd":  # 60 MiB each: one per 100 MiB pod
             write_ballast(stack.models, name, 60, load_delay_s=0.2, predict_delay_s=0.05)
             stack.apply(served_model(name, 60, idle_s=4))
-        stack.wait_for(lambda: len(pool_pods(stack)) == 1, "the pool's one pod running")
+        stack.wait_for(lambda: len(pool_pods(stack)) == 1, "the pool's one pod running",
+                       timeout=180)  # the operator's and the worker's start: minutes on a busy machine
 
         # Four models wanted at once where one fits: requests queue for room, the pool grows. The
         # clients keep asking until it has grown (the models stay wanted only idleSeconds after their
@@ -71,11 +72,14 @@ def test_the_pool_grows_to_fit_waiting_requests_then_drains_back_to_its_minimum(
         def removed() -> set[str]:
             return {name for _, kind, name in stack.player.events if kind == "gone"}
 
-        stack.wait_for(lambda: stack.replicas("modelplane-pool") == 1 and len(removed()) == 3,
-                       "the pool back to its minimum", timeout=90)
+        stack.wait_for(lambda: stack.replicas("hotset-pool") == 1 and len(removed()) == 3,
+                       "the pool back to its minimum", timeout=180)  # drains and ReplicaSet removals: slow on a busy machine
         assert len(pool_pods(stack)) == 1
         log = Path(stack.operator.log_path).read_text()
-        assert sum(f"{name} drained" in log for name in removed()) == 3, log[-3000:]
+        # Each removal a drained pod. (On a loaded machine a pod's readiness flaps; the operator
+        # then shrinks by a pod that is not ready, which the ReplicaSet ranks first anyway.)
+        shrinks = [line.split(": ", 2)[-1] for line in log.splitlines() if " pods (shrinks to " in line]
+        assert sum(f"{name} drained" in log for name in removed()) == 3, (sorted(removed()), shrinks)
 
 
 def test_a_min_zero_dedicated_group_scales_to_zero_and_its_first_request_waits_for_a_pod(cluster: Cluster,
@@ -96,7 +100,7 @@ def test_a_min_zero_dedicated_group_scales_to_zero_and_its_first_request_waits_f
         assert waited >= 2.0  # it was held while the pod started (2 s of start delay), not refused
         assert stack.replicas("solo-dedicated") == 1
         router_metrics = httpx.get(f"{stack.router.url}/metrics", timeout=5).text
-        assert 'modelplane_router_pod_waits_total{model="solo",result="served"} 1.0' in router_metrics
+        assert 'hotset_router_pod_waits_total{model="solo",result="served"} 1.0' in router_metrics
 
         # Idle past replicas.idleSeconds: back to zero pods.
         stack.wait_for(lambda: stack.replicas("solo-dedicated") == 0 and pool_pods(stack) == [],
@@ -122,12 +126,12 @@ def test_the_pool_size_can_come_from_the_scale_subresource_instead(cluster: Clus
     settings = {"pool_min_pods": 1, "pool_max_pods": 3, "pool_autoscaling": "external"}
     with ScalingStack(cluster.kube, cluster.namespace, tmp_path, settings) as stack:
         stack.wait_for(lambda: stack.pool().get("status", {}).get("selector"), "the WorkerPool's status")
-        scale = stack.kubectl("get", "--raw", f"/apis/modelplane.io/v1alpha1/namespaces/{cluster.namespace}"
-                              "/workerpools/modelplane-pool/scale").stdout
-        assert '"selector":"app.kubernetes.io/part-of=modelplane' in scale
-        stack.kubectl("scale", "workerpool/modelplane-pool", "--replicas=3")
+        scale = stack.kubectl("get", "--raw", f"/apis/hotset.io/v1alpha1/namespaces/{cluster.namespace}"
+                              "/workerpools/hotset-pool/scale").stdout
+        assert '"selector":"app.kubernetes.io/part-of=hotset' in scale
+        stack.kubectl("scale", "workerpool/hotset-pool", "--replicas=3")
         stack.wait_for(lambda: len(pool_pods(stack)) == 3, "three pods, as the scale subresource asked", timeout=90)
-        stack.kubectl("scale", "workerpool/modelplane-pool", "--replicas=9")
+        stack.kubectl("scale", "workerpool/hotset-pool", "--replicas=9")
         stack.wait_for(lambda: stack.pool().get("status", {}).get("desiredReplicas") == 3, "held at maxReplicas")
 
         # A real HorizontalPodAutoscaler drives the pool through the same subresource. Its metrics need
@@ -135,8 +139,8 @@ def test_the_pool_size_can_come_from_the_scale_subresource_instead(cluster: Clus
         # bounds: from 9 asked down to its maxReplicas, 2, and the pool follows by draining a pod.
         stack.apply({"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler",
                      "metadata": {"name": "pool"},
-                     "spec": {"scaleTargetRef": {"apiVersion": "modelplane.io/v1alpha1", "kind": "WorkerPool",
-                                                 "name": "modelplane-pool"},
+                     "spec": {"scaleTargetRef": {"apiVersion": "hotset.io/v1alpha1", "kind": "WorkerPool",
+                                                 "name": "hotset-pool"},
                               "minReplicas": 1, "maxReplicas": 2,
                               "metrics": [{"type": "Resource", "resource": {
                                   "name": "cpu", "target": {"type": "Utilization", "averageUtilization": 80}}}]}})
@@ -148,6 +152,6 @@ def test_the_pool_size_can_come_from_the_scale_subresource_instead(cluster: Clus
         condition = stack.wait_for(able_to_scale, "the HPA rescaling the WorkerPool", timeout=120)
         assert condition["message"] == "the HPA controller was able to update the target scale to 2"
         assert stack.pool()["spec"]["replicas"] == 2
-        stack.wait_for(lambda: len(pool_pods(stack)) == 2 and stack.replicas("modelplane-pool") == 2,
+        stack.wait_for(lambda: len(pool_pods(stack)) == 2 and stack.replicas("hotset-pool") == 2,
                        "the pool at the HPA's size", timeout=60)
 

@@ -1,10 +1,11 @@
 """How Ready and Accepted are decided from reports and specs (pure functions)."""
 from __future__ import annotations
 
-from modelplane_common.spec import ModelSpec
-from modelplane_common.wire import CopyState, ModelCopy, WorkerStatus
-from modelplane_operator import conditions, status, validation, workers
-from modelplane_operator.config import OperatorConfig
+from hotset_common.spec import ModelSpec
+from hotset_common.wire import CopyState, ModelCopy, WorkerStatus
+from hotset_operator import conditions, status, validation
+from hotset_operator.config import OperatorConfig
+from hotset_operator.fleet import Fleet
 
 
 def _spec(**fields) -> ModelSpec:
@@ -50,7 +51,7 @@ def test_on_demand_models_are_ready_without_copies() -> None:
 
 def test_pod_problems_explain_a_missing_dedicated_copy() -> None:
     ready, reason, message = status.readiness(_spec(replicas={"min": 1, "max": 1}, placement="dedicated"), [],
-                                              ["pod p: container modelplane-worker CrashLoopBackOff"])
+                                              ["pod p: container hotset-worker CrashLoopBackOff"])
     assert (ready, reason) == (False, "PodsFailing") and "CrashLoopBackOff" in message
 
 
@@ -73,16 +74,12 @@ def test_validation_names_the_field_a_user_writes() -> None:
     assert [p.field for p in too_big.problems] == ["spec.memory"]
 
 
-def test_worker_reports_are_shared_for_a_while_then_refreshed() -> None:
-    now = [0.0]
-    calls = []
-    cache = workers.ReportCache(ttl_s=5, clock=lambda: now[0])
-    fetch = lambda: calls.append(1) or {"a": _report("a")}  # noqa: E731
-    cache.get("ns", fetch)
-    now[0] = 4.9
-    cache.get("ns", fetch)
-    assert len(calls) == 1
-    now[0] = 5.0
-    cache.get("ns", fetch)
-    cache.get("other", fetch)
-    assert len(calls) == 3
+def test_reports_are_indexed_once_and_only_changed_models_are_named() -> None:
+    fleet = Fleet()
+    first = {("ns", "a"): _report("a", ("m", CopyState.LOADING, "")), ("ns", "b"): _report("b", ("x", CopyState.READY, ""))}
+    assert fleet.update([], first) == {("ns", "m"), ("ns", "x")}
+    assert [c["pod"] for c in fleet.copies_of("ns", "m")] == ["a"]
+    again = {**first, ("ns", "a"): _report("a", ("m", CopyState.READY, ""))}
+    assert fleet.update([], again) == {("ns", "m")}  # x's copies are as they were: its status is not re-derived
+    assert fleet.update([], again) == set()
+    assert fleet.copies_of("ns", "m")[0]["state"] == "READY" and fleet.copies_of("other", "m") == []

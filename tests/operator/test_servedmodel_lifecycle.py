@@ -1,10 +1,10 @@
 """A ServedModel applied with kubectl becomes the right Deployment, follows spec
-updates, and on delete its finalizer completes and its children go."""
+updates, and on delete its children go (no finalizer: deleting needs no operator)."""
 from __future__ import annotations
 
 import json
 
-from modelplane_testing.operator_harness import Cluster, served_model, wait_for
+from hotset_testing.operator_harness import Cluster, catalog_models, served_model, wait_for
 
 
 def _container(deployment: dict, name: str) -> dict:
@@ -12,6 +12,7 @@ def _container(deployment: dict, name: str) -> dict:
 
 
 def test_dedicated_model_gets_its_own_pinned_deployment(cluster: Cluster, operator) -> None:
+    config, _ = operator
     cluster.apply(served_model("sentiment", placement="dedicated", replicas={"min": 2, "max": 3}))
 
     accepted = wait_for(lambda: (c := cluster.condition("sentiment", "Accepted")) and c["status"] == "True" and c,
@@ -22,25 +23,24 @@ def test_dedicated_model_gets_its_own_pinned_deployment(cluster: Cluster, operat
     owner = deployment["metadata"]["ownerReferences"][0]
     assert (owner["kind"], owner["name"], owner["controller"]) == ("ServedModel", "sentiment", True)
 
-    worker = _container(deployment, "modelplane-worker")
+    worker = _container(deployment, "hotset-worker")
     env = {e["name"]: e.get("value") for e in worker["env"]}
-    assert env["MODELPLANE_PINNED_MODELS"] == "sentiment"
-    assert env["MODELPLANE_TRITON_URL"] == "127.0.0.1:8000"
+    assert env["HOTSET_PINNED_MODELS"] == "sentiment"
+    # A transformers model's group runs no Triton sidecar (workers.triton.sidecar: auto).
+    assert "HOTSET_TRITON_URL" not in env
+    assert [c["name"] for c in deployment["spec"]["template"]["spec"]["containers"]] == ["hotset-worker"]
     assert worker["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
     assert worker["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
     assert worker["resources"]["limits"]["nvidia.com/gpu"] == "1"
-    triton = _container(deployment, "triton")
-    assert triton["command"][0] == "tritonserver" and "--model-control-mode=explicit" in triton["command"]
 
-    # Its pods see a model store holding only this model; the shared pool's store does not list it.
-    volume = next(v for v in deployment["spec"]["template"]["spec"]["volumes"] if v["name"] == "model-store")
-    key = volume["configMap"]["items"][0]["key"]
-    store = cluster.get("configmap", "modelplane-models")["data"]
-    assert [m["id"] for m in json.loads(store[key])["models"]] == ["sentiment"]
-    assert json.loads(store["models.json"])["models"] == []
+    # Its pods follow a catalog holding only this model; the shared pool's catalog does not list it.
+    env = {e["name"]: e.get("value") for e in _container(deployment, "hotset-worker")["env"]}
+    assert env["HOTSET_CATALOG_URL"].endswith(f"/v1/catalogs/{cluster.namespace}/dedicated/sentiment")
+    wait_for(lambda: catalog_models(config, cluster.namespace, "sentiment") == ["sentiment"], "its own catalog")
+    assert catalog_models(config, cluster.namespace) == []
 
     # The controller-manager turns it into real pods; they carry the worker labels the router selects.
-    pods = wait_for(lambda: len(p := cluster.items("pods", "modelplane.io/servedmodel=sentiment")) == 2 and p, "2 pods")
+    pods = wait_for(lambda: len(p := cluster.items("pods", "hotset.io/servedmodel=sentiment")) == 2 and p, "2 pods")
     assert all(p["spec"]["securityContext"]["runAsNonRoot"] for p in pods)
 
     # Nothing runs the pods here, so no copy is ready and status says so.
@@ -67,7 +67,7 @@ def test_spec_update_reaches_the_deployment_and_delete_removes_it(cluster: Clust
 
     cluster.apply(served_model("ranker", placement="dedicated", replicas={"min": 1, "max": 3}))
     wait_for(lambda: cluster.get("deployment", "ranker-dedicated"), "the dedicated Deployment back")
-    assert "modelplane.io/unload-copies" in cluster.get("servedmodel", "ranker")["metadata"]["finalizers"]
+    assert not cluster.get("servedmodel", "ranker")["metadata"].get("finalizers")  # deleting needs no operator
 
     cluster.kubectl("delete", "servedmodel", "ranker", "--timeout=30s")
     assert cluster.get("servedmodel", "ranker") is None
@@ -76,10 +76,10 @@ def test_spec_update_reaches_the_deployment_and_delete_removes_it(cluster: Clust
 
 def test_a_crash_looping_dedicated_pod_shows_in_ready(cluster: Cluster, operator) -> None:
     cluster.apply(served_model("fragile", placement="dedicated", replicas={"min": 1, "max": 1}))
-    [pod] = wait_for(lambda: cluster.items("pods", "modelplane.io/servedmodel=fragile"), "the dedicated pod")
+    [pod] = wait_for(lambda: cluster.items("pods", "hotset.io/servedmodel=fragile"), "the dedicated pod")
     # What a kubelet reports when the pinned model's load keeps failing the startup probe.
     crash = {"status": {"phase": "Running", "containerStatuses": [{
-        "name": "modelplane-worker", "ready": False, "restartCount": 3, "image": "worker:test", "imageID": "",
+        "name": "hotset-worker", "ready": False, "restartCount": 3, "image": "worker:test", "imageID": "",
         "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 40s restarting failed container"}},
         "lastState": {"terminated": {"reason": "Error", "exitCode": 1}}}]}}
     cluster.kubectl("patch", "pod", pod["metadata"]["name"], "--subresource=status", "--type=merge",

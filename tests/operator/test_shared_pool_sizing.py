@@ -1,11 +1,9 @@
 """The shared pool gets enough pods for every declared minimum copy, and shrinks back."""
 from __future__ import annotations
 
-import json
-
-from modelplane_common.spec import ModelSpec
-from modelplane_operator import pool
-from modelplane_testing.operator_harness import Cluster, operator_config, served_model, wait_for
+from hotset_common.spec import ModelSpec
+from hotset_operator import pool
+from hotset_testing.operator_harness import Cluster, operator_config, served_model, wait_for
 
 GI = 2**30
 
@@ -53,24 +51,6 @@ def test_pool_deployment_follows_declared_min_copies(cluster: Cluster, operator)
 
     cluster.kubectl("delete", "servedmodel", "wide", "big", "--timeout=30s")
     wait_for(lambda: _pool_replicas(cluster, config.pool_name) == 1, "the pool shrunk back to 1 pod")
-    pod = wait_for(lambda: cluster.items("pods", "modelplane.io/pool=shared"), "a pool pod")[0]
+    pod = wait_for(lambda: cluster.items("pods", "hotset.io/pool=shared"), "a pool pod")[0]
     env = {e["name"]: e.get("value", "") for e in pod["spec"]["containers"][0]["env"]}
-    assert env["MODELPLANE_PINNED_MODELS"] == ""
-
-
-def test_a_changed_model_store_is_announced_on_the_worker_pods(cluster: Cluster, operator) -> None:
-    """Each worker pod carries the model store's resourceVersion, so its kubelet remounts the
-    ConfigMap when it changes instead of on its next periodic sync."""
-    config, _ = operator
-    wait_for(lambda: cluster.items("pods", "modelplane.io/pool=shared"), "a pool pod")
-
-    def announced() -> bool:
-        store = cluster.get("configmap", config.model_store_configmap) or {}
-        version = store.get("metadata", {}).get("resourceVersion")
-        pods = cluster.items("pods", "modelplane.io/pool=shared")
-        return bool(pods) and all(p["metadata"].get("annotations", {}).get("modelplane.io/model-store-version")
-                                  == version for p in pods)
-
-    cluster.apply(served_model("fresh", memory="512Mi"))
-    wait_for(lambda: "fresh" in json.dumps((cluster.get("configmap", config.model_store_configmap) or {}).get("data"))
-             and announced(), "the pool pod told of the model store listing the new model")
+    assert env["HOTSET_PINNED_MODELS"] == ""

@@ -2,10 +2,10 @@
 what they say, GPUs from the settings, nothing running as root."""
 from __future__ import annotations
 
-from modelplane_common import labels
-from modelplane_common.spec import ModelSpec
-from modelplane_operator import workloads
-from modelplane_operator.config import OperatorConfig
+from hotset_common import labels
+from hotset_common.spec import ModelSpec
+from hotset_operator import workloads
+from hotset_operator.config import OperatorConfig
 
 
 def _config(**overrides) -> OperatorConfig:
@@ -33,28 +33,28 @@ def test_dedicated_deployment_pins_its_model_and_leaves_replicas_to_the_autoscal
     assert deployment["metadata"]["ownerReferences"][0]["uid"] == "1234"
     template = deployment["spec"]["template"]
     assert deployment["spec"]["selector"]["matchLabels"].items() <= template["metadata"]["labels"].items()
-    env = {e["name"]: e.get("value") for e in _containers(template)["modelplane-worker"]["env"]}
-    assert env["MODELPLANE_PINNED_MODELS"] == "sentiment"
-    assert env["MODELPLANE_MEMORY_BUDGET"] == str(20 * 2**30)
-    assert env["MODELPLANE_SOURCE_ROOTS"] == "models=/mnt/models/models,extra=/mnt/models/extra"
-    assert env["MODELPLANE_HOST"] == "0.0.0.0"
+    env = {e["name"]: e.get("value") for e in _containers(template)["hotset-worker"]["env"]}
+    assert env["HOTSET_PINNED_MODELS"] == "sentiment"
+    assert env["HOTSET_MEMORY_BUDGET"] == str(20 * 2**30)
+    assert env["HOTSET_SOURCE_ROOTS"] == "models=/mnt/models/models,extra=/mnt/models/extra"
+    assert env["HOTSET_HOST"] == "0.0.0.0"
 
 
 def test_worker_and_sidecar_share_the_model_repository() -> None:
     containers = _containers(workloads.build_worker_pod_template(_config(), None, []))
-    worker, triton = containers["modelplane-worker"], containers["triton"]
+    worker, triton = containers["hotset-worker"], containers["triton"]
     assert {"name": "model-repository", "mountPath": "/models"} in worker["volumeMounts"]
     assert {"name": "model-repository", "mountPath": "/models", "readOnly": True} in triton["volumeMounts"]
-    assert "--model-repository=/models" in triton["command"]
-    assert "--model-control-mode=explicit" in triton["command"]
+    assert "--model-repository=/models" in triton["args"]
+    assert "--model-control-mode=explicit" in triton["args"]
     # Load/unload stay inside the pod: Triton listens on localhost only.
-    assert "--http-address=127.0.0.1" in triton["command"]
+    assert "--http-address=127.0.0.1" in triton["args"]
     env = {e["name"]: e.get("value") for e in worker["env"]}
-    assert env["MODELPLANE_TRITON_URL"] == "127.0.0.1:8000" and env["MODELPLANE_TRITON_REPOSITORY"] == "/models"
+    assert env["HOTSET_TRITON_URL"] == "127.0.0.1:8000" and env["HOTSET_TRITON_REPOSITORY"] == "/models"
 
 
 def test_probes_readiness_needs_models_liveness_does_not() -> None:
-    worker = _containers(workloads.build_worker_pod_template(_config(), None, []))["modelplane-worker"]
+    worker = _containers(workloads.build_worker_pod_template(_config(), None, []))["hotset-worker"]
     assert worker["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
     assert worker["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
     startup = worker["startupProbe"]
@@ -72,7 +72,7 @@ def test_with_dra_both_containers_share_the_pods_one_gpu_claim() -> None:
 def test_with_the_device_plugin_each_container_requests_its_own() -> None:
     config = _config(gpu_mode="devicePlugin", triton_gpus=1)
     containers = _containers(workloads.build_worker_pod_template(config, None, []))
-    assert containers["modelplane-worker"]["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    assert containers["hotset-worker"]["resources"]["limits"]["nvidia.com/gpu"] == "2"
     assert containers["triton"]["resources"]["limits"]["nvidia.com/gpu"] == "1"
     assert "resourceClaims" not in workloads.build_worker_pod_template(config, None, [])["spec"]
     cpu_triton = _containers(workloads.build_worker_pod_template(_config(gpu_mode="devicePlugin"), None, []))["triton"]
@@ -114,22 +114,25 @@ def test_a_changed_model_spec_rolls_the_dedicated_group() -> None:
         second["spec"]["template"]["metadata"]["annotations"][annotation]
 
 
-def test_each_pool_mounts_only_its_own_models() -> None:
-    shared = ModelSpec(id="small", framework="torchvision", source="pvc://models/small", memory="10Mi")
-    store = workloads.build_model_store_configmap([_spec(), shared], _config())["data"]
-    assert set(store) == {"models.json", "dedicated.sentiment.json"}
-    assert '"small"' in store["models.json"] and '"sentiment"' not in store["models.json"]
-    for dedicated_to, key in ((None, "models.json"), ("sentiment", "dedicated.sentiment.json")):
-        template = workloads.build_worker_pod_template(_config(), dedicated_to, [])
-        volume = next(v for v in template["spec"]["volumes"] if v["name"] == "model-store")
-        assert volume["configMap"]["items"] == [{"key": key, "path": "models.json"}]
+def test_each_pool_follows_only_its_own_catalog() -> None:
+    urls = {}
+    for dedicated_to in (None, "sentiment"):
+        template = workloads.build_worker_pod_template(_config(catalog_url="http://operator:8090"), dedicated_to, [],
+                                                       namespace="team")
+        worker = _containers(template)["hotset-worker"]
+        urls[dedicated_to] = next(e["value"] for e in worker["env"] if e["name"] == "HOTSET_CATALOG_URL")
+        assert not any("configMap" in v for v in template["spec"]["volumes"])  # no catalog mounted
+        assert "HOTSET_MODEL_STORE" not in {e["name"] for e in worker["env"]}
+    assert urls == {None: "http://operator:8090/v1/catalogs/team/pool",
+                    "sentiment": "http://operator:8090/v1/catalogs/team/dedicated/sentiment"}
+    default = _containers(workloads.build_worker_pod_template(_config(), None, []))["hotset-worker"]
+    assert {"name": "HOTSET_CATALOG_URL", "value": "http://hotset-operator.ml.svc:8090/v1/catalogs/ml/pool"} in default["env"]
 
 
-def test_pool_and_model_store_are_owned_by_the_operator_deployment_when_named() -> None:
-    owner = {"apiVersion": "apps/v1", "kind": "Deployment", "name": "modelplane-operator", "uid": "u-1"}
+def test_the_pool_is_owned_by_the_operator_deployment_when_named() -> None:
+    owner = {"apiVersion": "apps/v1", "kind": "Deployment", "name": "hotset-operator", "uid": "u-1"}
     pool = workloads.build_pool_deployment(_config(), replicas=1, owners=[owner])
-    store = workloads.build_model_store_configmap([_spec()], _config(), owners=[owner])
-    assert pool["metadata"]["ownerReferences"] == [owner] == store["metadata"]["ownerReferences"]
+    assert pool["metadata"]["ownerReferences"] == [owner]
     assert "ownerReferences" not in workloads.build_pool_deployment(_config(), replicas=1)["metadata"]
 
 
@@ -137,14 +140,14 @@ def test_worker_pods_carry_the_trust_policy_and_the_token_from_its_secret() -> N
     template = workloads.build_worker_pod_template(_config(worker_token_secret="tok"), None, [])
     worker = _containers(template)[workloads.WORKER_CONTAINER]
     env = {e["name"]: e for e in worker["env"]}
-    assert env["MODELPLANE_API_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "tok", "key": "token"}
-    assert env["MODELPLANE_FILE_ROOTS"]["value"] == ""  # file:// refused unless roots are declared
-    assert "python" not in env["MODELPLANE_TRITON_BACKENDS"]["value"].split(",")
+    assert env["HOTSET_API_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "tok", "key": "token"}
+    assert env["HOTSET_FILE_ROOTS"]["value"] == ""  # file:// refused unless roots are declared
+    assert "python" not in env["HOTSET_TRITON_BACKENDS"]["value"].split(",")
 
 
 def test_the_sidecar_outlives_the_workers_drain() -> None:
     triton = _containers(workloads.build_worker_pod_template(_config(), None, []))[workloads.TRITON_CONTAINER]
     command = " ".join(triton["lifecycle"]["preStop"]["exec"]["command"])
     assert f"/models/{workloads.WORKER_RUNNING_MARKER}" in command
-    from modelplane_worker.main import RUNNING_MARKER
+    from hotset_worker.main import RUNNING_MARKER
     assert RUNNING_MARKER == workloads.WORKER_RUNNING_MARKER

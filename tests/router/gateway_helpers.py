@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import local_stack  # noqa: E402
-from modelplane_testing.polling import wait_for  # noqa: E402,F401 - the router tests import it from here
+from hotset_testing.polling import wait_for  # noqa: E402,F401 - the router tests import it from here
 
 MiB = 2**20
 BALLAST_LAUNCHER = [sys.executable, str(Path(__file__).with_name("ballast_worker_main.py"))]
@@ -52,7 +52,7 @@ def worker_metric(url: str, name: str, **labels: str) -> float:
 
 def loads(url: str, model: str) -> float:
     """Successful loads of `model` on the worker at `url`, from its own metrics."""
-    return worker_metric(url, "modelplane_model_loads_total", model=model, result="success")
+    return worker_metric(url, "hotset_model_loads_total", model=model, result="success")
 
 
 def worker_models(url: str) -> dict[str, str]:

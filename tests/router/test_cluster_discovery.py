@@ -39,13 +39,18 @@ def kube(cluster):
     api_client.close()
 
 
-def make_pod(core, name: str, node: str, component: str = "worker", dedicated_to: str | None = None) -> None:
-    pool = {"modelplane.io/pool": "dedicated", "modelplane.io/servedmodel": dedicated_to} if dedicated_to else \
-        {"modelplane.io/pool": "shared"}
+def make_pod(core, name: str, node: str | None, component: str = "worker", dedicated_to: str | None = None) -> None:
+    """A worker-shaped pod no kubelet runs. Bound to `node` (a name only: no Node object, so the
+    controller manager's pod GC deletes it once orphaned 40 s, enough for a short test), or, with
+    `node` None, never scheduled (a scheduler name nobody serves), which nothing deletes: for the
+    tests that take longer on a slow machine."""
+    pool = {"hotset.io/pool": "dedicated", "hotset.io/servedmodel": dedicated_to} if dedicated_to else \
+        {"hotset.io/pool": "shared"}
     core.create_namespaced_pod("default", {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "labels": {"app.kubernetes.io/component": component, **pool}},
-        "spec": {"nodeName": node, "containers": [{"name": "worker", "image": "modelplane-worker:test"}]},
+        "spec": {**({"nodeName": node} if node else {"schedulerName": "hotset-test-unscheduled"}),
+                 "containers": [{"name": "worker", "image": "hotset-worker:test"}]},
     })
 
 
@@ -59,7 +64,7 @@ def set_ready(core, name: str, ip: str, ready: bool) -> None:
 
 def test_ready_worker_pods_come_and_go_with_their_ip_and_node(kube):
     from kubernetes import client
-    from modelplane_router.discovery import KubeDiscovery
+    from hotset_router.discovery import KubeDiscovery
 
     core = client.CoreV1Api(kube)
     make_pod(core, "worker-a", "node-1")
@@ -91,25 +96,25 @@ def test_ready_worker_pods_come_and_go_with_their_ip_and_node(kube):
 
 def test_served_models_give_their_copy_limits(kube, served_model_crd):
     from kubernetes import client
-    from modelplane_router.discovery import KubeDiscovery
+    from hotset_router.discovery import KubeDiscovery
 
     custom = client.CustomObjectsApi(kube)
     body = {
-        "apiVersion": "modelplane.io/v1alpha1", "kind": "ServedModel", "metadata": {"name": "sentiment"},
+        "apiVersion": "hotset.io/v1alpha1", "kind": "ServedModel", "metadata": {"name": "sentiment"},
         "spec": {"framework": "transformers", "task": "text-classification", "source": {"uri": "pvc://models/sentiment"},
                  "memory": "600Mi", "replicas": {"min": 1, "max": 3}},
     }
     discovery = KubeDiscovery("default", SELECTOR, 8080, api_client=kube)
     discovery.start()
     try:
-        custom.create_namespaced_custom_object("modelplane.io", "v1alpha1", "default", "servedmodels", body)
+        custom.create_namespaced_custom_object("hotset.io", "v1alpha1", "default", "servedmodels", body)
         wait_for(lambda: discovery.spec_of("sentiment") is not None, "the ServedModel in discovery")
         spec = discovery.spec_of("sentiment")
         assert (spec.replicas.min, spec.replicas.max, spec.memory_bytes) == (1, 3, 600 * 2**20)
-        custom.patch_namespaced_custom_object("modelplane.io", "v1alpha1", "default", "servedmodels", "sentiment",
+        custom.patch_namespaced_custom_object("hotset.io", "v1alpha1", "default", "servedmodels", "sentiment",
                                               {"spec": {"replicas": {"min": 2, "max": 4}}})
         wait_for(lambda: discovery.spec_of("sentiment").replicas.min == 2, "the changed replicas")
-        custom.delete_namespaced_custom_object("modelplane.io", "v1alpha1", "default", "servedmodels", "sentiment")
+        custom.delete_namespaced_custom_object("hotset.io", "v1alpha1", "default", "servedmodels", "sentiment")
         wait_for(lambda: discovery.spec_of("sentiment") is None, "the deleted ServedModel out of discovery")
     finally:
         discovery.stop()
@@ -172,7 +177,7 @@ def router_pods(router_url: str) -> dict[str, dict]:
 
 
 def test_router_in_cluster_mode_serves_through_discovered_pods(cluster, pod_workers, procs):
-    """Real apiserver + real worker processes + `modelplane-router --cluster`."""
+    """Real apiserver + real worker processes + `hotset-router --cluster`."""
     core, port, names = pod_workers
     router = cluster_router(procs, cluster, port)
     response = httpx.post(f"{router.url}/predict", json={"model_id": "m", "input_data": [3]}, timeout=60)
@@ -195,24 +200,24 @@ def test_served_model_min_replicas_are_loaded_before_any_request(cluster, kube, 
     _, port, _ = pod_workers
     custom = client.CustomObjectsApi(kube)
     body = {
-        "apiVersion": "modelplane.io/v1alpha1", "kind": "ServedModel", "metadata": {"name": "pre"},
+        "apiVersion": "hotset.io/v1alpha1", "kind": "ServedModel", "metadata": {"name": "pre"},
         "spec": {"framework": "torchvision", "task": "tensor", "source": {"uri": "pvc://models/pre"},
                  "memory": "4Mi", "replicas": {"min": 2, "max": 2}},
     }
-    custom.create_namespaced_custom_object("modelplane.io", "v1alpha1", "default", "servedmodels", body)
+    custom.create_namespaced_custom_object("hotset.io", "v1alpha1", "default", "servedmodels", body)
     try:
         router = cluster_router(procs, cluster, port)
         wait_for(lambda: copies(router.url, "pre") == ["worker-1", "worker-2"], "two pre-loaded copies of 'pre'", 30)
         assert copies(router.url, "m") == []  # min 0: loaded on demand only
     finally:
-        custom.delete_namespaced_custom_object("modelplane.io", "v1alpha1", "default", "servedmodels", "pre")
+        custom.delete_namespaced_custom_object("hotset.io", "v1alpha1", "default", "servedmodels", "pre")
 
 
 def test_discovery_across_namespaces_reads_drains_and_keeps_the_accepted_name(kube, served_model_crd):
     """Watched namespaces (or all); the operator's drain mark; a name two namespaces declare goes to the
     ServedModel the operator accepted; the router's one write, the wanted-at annotation, lands on it."""
     from kubernetes import client
-    from modelplane_router.discovery import KubeDiscovery
+    from hotset_router.discovery import KubeDiscovery
 
     core, custom = client.CoreV1Api(kube), client.CustomObjectsApi(kube)
     namespaces = ["disc-a", "disc-b"]
@@ -223,17 +228,17 @@ def test_discovery_across_namespaces_reads_drains_and_keeps_the_accepted_name(ku
         for namespace, ip in zip(namespaces, ("127.0.0.31", "127.0.0.32")):
             core.create_namespaced_pod(namespace, {
                 "apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": "w", "labels": {"app.kubernetes.io/component": "worker", "modelplane.io/pool": "shared"},
-                             "annotations": {"modelplane.io/draining": "1.0"} if namespace == "disc-b" else {}},
-                "spec": {"nodeName": "node-1", "containers": [{"name": "worker", "image": "modelplane-worker:test"}]}})
+                "metadata": {"name": "w", "labels": {"app.kubernetes.io/component": "worker", "hotset.io/pool": "shared"},
+                             "annotations": {"hotset.io/draining": "1.0"} if namespace == "disc-b" else {}},
+                "spec": {"schedulerName": "hotset-test-unscheduled", "containers": [{"name": "worker", "image": "hotset-worker:test"}]}})
             core.patch_namespaced_pod_status("w", namespace, {"status": {
                 "phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}], "conditions": [{"type": "Ready", "status": "True"}]}})
-            body = {"apiVersion": "modelplane.io/v1alpha1", "kind": "ServedModel", "metadata": {"name": "twin"},
+            body = {"apiVersion": "hotset.io/v1alpha1", "kind": "ServedModel", "metadata": {"name": "twin"},
                     "spec": {"framework": "torchvision", "source": {"uri": f"pvc://models/{namespace}"}, "memory": "1Mi"}}
-            custom.create_namespaced_custom_object("modelplane.io", "v1alpha1", namespace, "servedmodels", body)
+            custom.create_namespaced_custom_object("hotset.io", "v1alpha1", namespace, "servedmodels", body)
         # the operator accepted disc-b's (made first elsewhere, say) and refused disc-a's
         for namespace, status in (("disc-a", "False"), ("disc-b", "True")):
-            custom.patch_namespaced_custom_object_status("modelplane.io", "v1alpha1", namespace, "servedmodels", "twin", {
+            custom.patch_namespaced_custom_object_status("hotset.io", "v1alpha1", namespace, "servedmodels", "twin", {
                 "status": {"conditions": [{"type": "Accepted", "status": status, "reason": "r", "message": "m",
                                            "lastTransitionTime": "2026-01-01T00:00:00Z"}]}})
         discovery.start()
@@ -242,9 +247,9 @@ def test_discovery_across_namespaces_reads_drains_and_keeps_the_accepted_name(ku
         wait_for(lambda: discovery.namespace_of("twin") == "disc-b", "the accepted twin")
         assert discovery.spec_of("twin").source == "pvc://models/disc-b"
         discovery.mark_wanted("twin", "1234.5")
-        annotations = custom.get_namespaced_custom_object("modelplane.io", "v1alpha1", "disc-b", "servedmodels",
+        annotations = custom.get_namespaced_custom_object("hotset.io", "v1alpha1", "disc-b", "servedmodels",
                                                           "twin")["metadata"]["annotations"]
-        assert annotations["modelplane.io/wanted-at"] == "1234.5"
+        assert annotations["hotset.io/wanted-at"] == "1234.5"
     finally:
         discovery.stop()
         for name in namespaces:

@@ -60,7 +60,7 @@ class FreezableProxy:
 
 def test_a_half_open_watch_is_restarted_and_new_pods_are_seen(kube_cluster, kube):  # noqa: F811
     from kubernetes import client, config
-    from modelplane_router.discovery import KubeDiscovery
+    from hotset_router.discovery import KubeDiscovery
 
     server = urlparse(kube_cluster.server)
     proxy = FreezableProxy((server.hostname, server.port))
@@ -68,8 +68,8 @@ def test_a_half_open_watch_is_restarted_and_new_pods_are_seen(kube_cluster, kube
     proxied.configuration.host = f"https://127.0.0.1:{proxy.port}"
     proxied.configuration.verify_ssl = False
     core = client.CoreV1Api(kube)
-    make_pod(core, "half-open-a", "node-1")
-    make_pod(core, "half-open-b", "node-1")
+    make_pod(core, "half-open-a", None)
+    make_pod(core, "half-open-b", None)
     discovery = KubeDiscovery("default", SELECTOR, 8080, api_client=proxied, watch_timeout_s=3, request_timeout_s=2)
     discovery.start()
     try:
@@ -88,11 +88,11 @@ def test_a_half_open_watch_is_restarted_and_new_pods_are_seen(kube_cluster, kube
 
 def test_readers_never_see_the_table_change_under_them(kube):  # noqa: F811
     from kubernetes import client
-    from modelplane_router.discovery import KubeDiscovery
+    from hotset_router.discovery import KubeDiscovery
 
     discovery = KubeDiscovery("default", SELECTOR, 8080, api_client=kube)
     pods = [client.V1Pod(
-        metadata=client.V1ObjectMeta(name=f"p{i}", labels={"modelplane.io/pool": "shared"}),
+        metadata=client.V1ObjectMeta(name=f"p{i}", labels={"hotset.io/pool": "shared"}),
         spec=client.V1PodSpec(node_name="n", containers=[]),
         status=client.V1PodStatus(pod_ip=f"10.0.{i // 250}.{i % 250}", conditions=[client.V1PodCondition(type="Ready", status="True")]),
     ) for i in range(500)]
@@ -120,12 +120,12 @@ def test_a_restarted_watch_never_empties_the_table(kube):  # noqa: F811
     """Watches end (server timeout, a dropped connection) and start again with a fresh listing;
     meanwhile the router must keep every pod it knows (an empty table empties the map)."""
     from kubernetes import client
-    from modelplane_router.discovery import KubeDiscovery
+    from hotset_router.discovery import KubeDiscovery
 
     core = client.CoreV1Api(kube)
     names = [f"restart-{i}" for i in range(30)]
     for i, name in enumerate(names):
-        make_pod(core, name, "node-1")
+        make_pod(core, name, None)
         set_ready(core, name, f"127.0.1.{i + 1}", True)
     discovery = KubeDiscovery("default", SELECTOR, 8080, api_client=kube, watch_timeout_s=1, request_timeout_s=5)
     discovery.start()

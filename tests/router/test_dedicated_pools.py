@@ -1,9 +1,9 @@
 """Which pods may receive a new copy: dedicated instance groups hold only their own model."""
 from __future__ import annotations
 
-from modelplane_common import labels
-from modelplane_common.spec import ModelSpec
-from modelplane_router.service import RouterService
+from hotset_common import labels
+from hotset_common.spec import ModelSpec
+from hotset_router.service import RouterService
 
 
 class PoolsDiscovery:
@@ -58,7 +58,7 @@ def test_dedicated_models_are_left_to_their_own_pods_by_the_control_loop():
 
 def test_a_dedicated_group_is_never_the_shared_pool_whatever_its_model_is_called():
     """A group dedicated to a model named "shared" (one that got past admission) stays its own."""
-    pod_labels = {"modelplane.io/pool": "dedicated", "modelplane.io/servedmodel": "shared"}
+    pod_labels = {"hotset.io/pool": "dedicated", "hotset.io/servedmodel": "shared"}
     discovery = PoolsDiscovery({"http://pool": "shared", "http://group": labels.pool_of(pod_labels)},
                                [spec("shared", "dedicated"), spec("small", "shared")])
     service = RouterService(discovery)  # type: ignore[arg-type]

@@ -19,7 +19,7 @@ from schemathesis import GenerationMode
 from gateway_helpers import write_ballast_store
 
 pytestmark = pytest.mark.slow
-EXAMPLES = int(os.environ.get("MODELPLANE_FUZZ_EXAMPLES", "40"))  # per operation; more for a deeper run
+EXAMPLES = int(os.environ.get("HOTSET_FUZZ_EXAMPLES", "40"))  # per operation; more for a deeper run
 ADMIN = "fuzz-admin"
 
 

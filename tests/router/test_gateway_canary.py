@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 
 from gateway_helpers import wait_for
-from modelplane_testing import ballast_framework as ballast
+from hotset_testing import ballast_framework as ballast
 
 MiB = 2**20
 FACTOR = {"1": 2.0, "2": 3.0}
@@ -40,7 +40,7 @@ class Traffic:
         with httpx.Client(base_url=self.url, timeout=30) as client:
             while not self._stop.is_set():
                 answer = client.post("/predict", json={"model_id": "m", "input_data": [1]})
-                version = answer.headers.get("x-modelplane-model-version", "")
+                version = answer.headers.get("x-hotset-model-version", "")
                 value = answer.json()["predictions"]["scaled"][0] if answer.status_code == 200 else float("nan")
                 self.answers.append((answer.status_code, version, value))
 

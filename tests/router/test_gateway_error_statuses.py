@@ -111,7 +111,7 @@ def test_router_metrics_count_requests_by_model_and_code(stack):
     for name in ("made-up-1", "made-up-2"):
         assert httpx.post(f"{router.url}/predict", json={"model_id": name, "input_data": [1]}).status_code == 404
     samples = [s for f in text_string_to_metric_families(httpx.get(f"{router.url}/metrics").text) for s in f.samples]
-    counts = {(s.labels["model"], s.labels["code"]): s.value for s in samples if s.name == "modelplane_router_requests_total"}
+    counts = {(s.labels["model"], s.labels["code"]): s.value for s in samples if s.name == "hotset_router_requests_total"}
     # names no worker knows share one label, so clients cannot create unbounded series
     assert counts == {("ok", "400"): 3, ("_unknown", "404"): 2}
-    assert any(s.name == "modelplane_router_request_seconds_count" and s.labels.get("model") == "ok" for s in samples)
+    assert any(s.name == "hotset_router_request_seconds_count" and s.labels.get("model") == "ok" for s in samples)

@@ -26,7 +26,7 @@ def test_models_across_pods_in_the_seed_shapes_and_errors_with_detail(procs, tmp
     after = httpx.get(f"{router.url}/models", timeout=10).json()
     assert after["loaded_models"] == {"spam": "bert-tiny-spam"}  # id -> name, as the seed answers
     assert sorted(after["available_models"]) == ["images", "spam"]
-    [copy] = after["copies"]["spam"]  # modelplane's addition, beside the seed's two keys
+    [copy] = after["copies"]["spam"]  # hotset's addition, beside the seed's two keys
     assert copy["state"] == "READY" and copy["url"] in {w.url for w in procs.started[:2]}
 
     unknown = httpx.post(f"{router.url}/predict", json={"model_id": "nope", "input_data": [1]}, timeout=10)

@@ -9,7 +9,7 @@ from gateway_helpers import copies, wait_for, worker_metric, write_ballast_store
 
 
 def served(url: str, model: str) -> float:
-    return worker_metric(url, "modelplane_requests_total", model=model)
+    return worker_metric(url, "hotset_requests_total", model=model)
 
 
 def test_sustained_load_adds_a_copy_on_the_other_pod_and_idleness_removes_it(procs, tmp_path):

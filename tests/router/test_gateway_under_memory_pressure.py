@@ -1,5 +1,5 @@
 """More models wanted than fit, through the router to real workers: requests wait instead of failing,
-and the router plans the evictions the worker then makes (one cost model, modelplane_common.eviction)."""
+and the router plans the evictions the worker then makes (one cost model, hotset_common.eviction)."""
 from __future__ import annotations
 
 import concurrent.futures
@@ -7,9 +7,9 @@ import concurrent.futures
 import httpx
 
 from gateway_helpers import worker_models, write_ballast_store
-from modelplane_common.wire import WorkerStatus
-from modelplane_router import placement
-from modelplane_router.model_map import ModelMap
+from hotset_common.wire import WorkerStatus
+from hotset_router import placement
+from hotset_router.model_map import ModelMap
 
 
 def predict(router_url: str, model: str) -> httpx.Response:

@@ -27,7 +27,7 @@ SAMPLES = ROOT / "build/models/model-store.json"
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     if not SAMPLES.exists():
-        pytest.fail(f"{SAMPLES} is missing: run `.venv/bin/modelplane-samples --out build/models` (make install does)")
+        pytest.fail(f"{SAMPLES} is missing: run `.venv/bin/hotset-samples --out build/models` (make install does)")
     stack = local_stack.start_stack(SAMPLES, workers=2, router_port=None, work_dir=tmp_path_factory.mktemp("stack"),
                                     deadline_s=180)
     try:

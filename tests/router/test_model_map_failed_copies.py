@@ -4,8 +4,8 @@ One class under test (ModelMap), fed WorkerStatus reports as a worker sends them
 """
 from __future__ import annotations
 
-from modelplane_common.wire import CatalogEntry, CopyState, ModelCopy, WorkerStatus
-from modelplane_router.model_map import ModelMap
+from hotset_common.wire import CatalogEntry, CopyState, ModelCopy, WorkerStatus
+from hotset_router.model_map import ModelMap
 
 MiB = 2**20
 URL = "http://p1"

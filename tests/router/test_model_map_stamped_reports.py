@@ -5,8 +5,8 @@ reports stamped with when they were asked for, as StatusSync sends them.
 """
 from __future__ import annotations
 
-from modelplane_common.wire import CatalogEntry, CopyState, ModelCopy, WorkerStatus
-from modelplane_router.model_map import ModelMap
+from hotset_common.wire import CatalogEntry, CopyState, ModelCopy, WorkerStatus
+from hotset_router.model_map import ModelMap
 
 MiB = 2**20
 URL = "http://p1"

@@ -2,8 +2,10 @@
 
 A router in front of two real workers serving the sample models (the
 tiny-chat causal LM and the mini-embed encoder among them), started the way
-``make run`` starts them. Every request goes through the router; the models
-load on demand like every other model.
+``make run`` starts them, with the workers' API token on as in every chart
+install (the workers answer only callers holding it; the router holds it).
+Every request goes through the router; the models load on demand like every
+other model.
 """
 from __future__ import annotations
 
@@ -20,14 +22,17 @@ from gateway_helpers import ROOT, copies, local_stack, wait_for, worker_metric
 pytestmark = pytest.mark.slow
 SAMPLES = ROOT / "build/models/model-store.json"
 SKY = [{"role": "user", "content": "what color is the sky?"}]
+TOKEN = "openai-test-worker-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     if not SAMPLES.exists():
-        pytest.fail(f"{SAMPLES} is missing: run `.venv/bin/modelplane-samples --out build/models` (make install does)")
+        pytest.fail(f"{SAMPLES} is missing: run `.venv/bin/hotset-samples --out build/models` (make install does)")
     stack = local_stack.start_stack(SAMPLES, workers=2, router_port=None, with_triton=False, memory_budget="1Gi",
-                                    work_dir=tmp_path_factory.mktemp("stack"), router_args=["--sync-interval", "0.2"])
+                                    work_dir=tmp_path_factory.mktemp("stack"), worker_args=["--api-token", TOKEN],
+                                    router_args=["--sync-interval", "0.2", "--worker-token", TOKEN])
     try:
         yield stack
     finally:
@@ -38,6 +43,15 @@ def stack(tmp_path_factory):
 def client(stack):
     with openai.OpenAI(base_url=f"{stack.router.url}/v1", api_key="unused", max_retries=0, timeout=120) as client:
         yield client
+
+
+def test_the_workers_answer_only_callers_with_their_token(stack) -> None:
+    """What makes every test here one of the token-protected shape: a worker refuses the OpenAI
+    routes without the token, and the router's calls (whole and streamed) carry it."""
+    worker = stack.workers[0].url
+    for path, body in [("/v1/chat/completions", {"model": "tiny-chat", "messages": SKY}),
+                       ("/v1/embeddings", {"model": "mini-embed", "input": "hi"})]:
+        assert httpx.post(worker + path, json=body, timeout=30).status_code == 401, path
 
 
 def test_models_lists_the_generative_and_embedding_models(client) -> None:
@@ -99,6 +113,7 @@ def test_embeddings_match_the_models_own_predictions(client, stack) -> None:
     ({"model": "tiny-chat", "messages": SKY, "max_tokens": 100000}, 400, "max_tokens"),
     ({"model": "tiny-chat", "messages": SKY, "n": 2}, 400, "n"),
     ({"model": "sentiment", "messages": SKY}, 400, "model"),
+    ({"model": "tiny-chat", "messages": SKY, "seed": 2**70}, 400, "seed"),  # was a 500 (torch.manual_seed overflowed)
 ])
 def test_bad_requests_get_a_4xx_in_openais_shape_naming_the_field(client, stack, request_body, status, param) -> None:
     with pytest.raises(openai.APIStatusError) as refused:
@@ -108,6 +123,14 @@ def test_bad_requests_get_a_4xx_in_openais_shape_naming_the_field(client, stack,
     assert refused.value.body["message"]
     # Nothing else broke: the next good request is served.
     assert client.chat.completions.create(model="tiny-chat", messages=SKY, temperature=0).choices[0].message.content
+
+
+@pytest.mark.parametrize("seed", [-(2**63), -1, 0, 2**63 - 1])
+def test_any_64_bit_seed_is_taken_and_repeats_its_answer(client, seed) -> None:
+    def ask() -> str:
+        return client.chat.completions.create(model="tiny-chat", messages=SKY, temperature=1.0, seed=seed,
+                                              max_tokens=8).choices[0].message.content
+    assert ask() == ask()
 
 
 @pytest.mark.parametrize(("body", "param", "says"), [
@@ -127,7 +150,7 @@ def test_a_client_that_leaves_mid_stream_stops_the_generation_and_frees_the_mode
     client.chat.completions.create(model="tiny-chat", messages=SKY, temperature=0)  # loaded
     (pod,) = copies(stack.router.url, "tiny-chat")
     worker = next(w for w in stack.workers if w.name == pod)
-    before = worker_metric(worker.url, "modelplane_output_tokens_total", model="tiny-chat")
+    before = worker_metric(worker.url, "hotset_output_tokens_total", model="tiny-chat")
     stream = client.completions.create(model="tiny-chat", prompt="once upon a time", max_tokens=240, temperature=1.0,
                                        stream=True, extra_body={"min_tokens": 240})  # vLLM's extension
     for _, _chunk in zip(range(3), stream):
@@ -135,12 +158,12 @@ def test_a_client_that_leaves_mid_stream_stops_the_generation_and_frees_the_mode
     stream.close()  # the client goes away after three tokens of 240
 
     def inflight() -> int:
-        report = httpx.get(f"{worker.url}/status", timeout=5).json()
+        report = httpx.get(f"{worker.url}/status", headers=AUTH, timeout=5).json()
         return next(c["inflight"] for c in report["models"] if c["id"] == "tiny-chat")
 
-    wait_for(lambda: inflight() == 0 and worker_metric(worker.url, "modelplane_output_tokens_total", model="tiny-chat") > before,
+    wait_for(lambda: inflight() == 0 and worker_metric(worker.url, "hotset_output_tokens_total", model="tiny-chat") > before,
              "the worker to finish the abandoned request", timeout=30)
-    generated = worker_metric(worker.url, "modelplane_output_tokens_total", model="tiny-chat") - before
+    generated = worker_metric(worker.url, "hotset_output_tokens_total", model="tiny-chat") - before
     assert generated < 120, f"{generated} tokens generated for a client that left after 3"
 
 
@@ -149,10 +172,10 @@ def test_token_metrics_are_reported_per_model(client, stack) -> None:
     list(client.chat.completions.create(model="tiny-chat", messages=SKY, temperature=0, stream=True))
     (pod,) = copies(stack.router.url, "tiny-chat")
     url = next(w.url for w in stack.workers if w.name == pod)
-    assert worker_metric(url, "modelplane_time_to_first_token_seconds_count", model="tiny-chat") >= 1
-    assert worker_metric(url, "modelplane_time_per_output_token_seconds_count", model="tiny-chat") >= 1
-    assert worker_metric(url, "modelplane_output_tokens_per_second_count", model="tiny-chat") >= 1
-    assert worker_metric(url, "modelplane_output_tokens_total", model="tiny-chat") > 0
+    assert worker_metric(url, "hotset_time_to_first_token_seconds_count", model="tiny-chat") >= 1
+    assert worker_metric(url, "hotset_time_per_output_token_seconds_count", model="tiny-chat") >= 1
+    assert worker_metric(url, "hotset_output_tokens_per_second_count", model="tiny-chat") >= 1
+    assert worker_metric(url, "hotset_output_tokens_total", model="tiny-chat") > 0
 
 
 def test_concurrent_streams_are_each_whole(client) -> None:

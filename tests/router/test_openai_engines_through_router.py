@@ -1,7 +1,7 @@
 """vllm models through the router: unbuffered streams, prefix-aware routing, LoRA adapters where their base is.
 
 Two real workers whose vllm engines are the test-only stand-in
-(modelplane_testing/standin_vllm.py, a paced generator: one word every
+(hotset_testing/standin_vllm.py, a paced generator: one word every
 50 ms), behind a real router; requests come from the official `openai`
 client. Which engine answered is in each answer's ``system_fingerprint``.
 """
@@ -20,7 +20,7 @@ import pytest
 from gateway_helpers import ROOT, copies, local_stack, wait_for, worker_models
 
 pytestmark = pytest.mark.slow
-STANDIN = ROOT / "tests" / "modelplane_testing" / "standin_vllm.py"
+STANDIN = ROOT / "tests" / "hotset_testing" / "standin_vllm.py"
 TOKEN_DELAY_S = 0.05
 SYSTEM = "you are the support assistant of a shop that sells bicycles. " * 6  # a shared prefix of ~360 characters
 

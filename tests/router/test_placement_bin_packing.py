@@ -2,8 +2,8 @@
 shortest admission queue when nothing can be evicted now, spread for replicas."""
 from __future__ import annotations
 
-from modelplane_common.eviction import Candidate, EvictionPolicy
-from modelplane_router.placement import (
+from hotset_common.eviction import Candidate, EvictionPolicy
+from hotset_router.placement import (
     PlacementSettings,
     PodRoom,
     best_fit,

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import collections
 
-from modelplane_router import prefix_routing
+from hotset_router import prefix_routing
 
 COPIES = ["http://a:1", "http://b:1", "http://c:1"]
 

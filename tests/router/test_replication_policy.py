@@ -1,7 +1,7 @@
 """Replication policy with an injected clock: when copies are added and removed, and the churn guard."""
 from __future__ import annotations
 
-from modelplane_router.replication import Action, ModelLimits, ReplicationPolicy, ReplicationSettings
+from hotset_router.replication import Action, ModelLimits, ReplicationPolicy, ReplicationSettings
 
 
 class Clock:

@@ -10,16 +10,16 @@ import random
 
 import pytest
 
-from modelplane_common import errors
-from modelplane_common.wire import CatalogEntry, CopyState, ModelCopy, WorkerStatus
-from modelplane_router.discovery import StaticDiscovery
-from modelplane_router.model_map import ModelMap
-from modelplane_router.placement import PlacementSettings
-from modelplane_router.replication import ModelLimits, ReplicationPolicy, ReplicationSettings
-from modelplane_router.routing import Router
-from modelplane_router.status_sync import StatusSync
-from modelplane_router.telemetry import RouterMetrics
-from modelplane_router.upstream import PodUnreachable, UpstreamResponse
+from hotset_common import errors
+from hotset_common.wire import CatalogEntry, CopyState, ModelCopy, WorkerStatus
+from hotset_router.discovery import StaticDiscovery
+from hotset_router.model_map import ModelMap
+from hotset_router.placement import PlacementSettings
+from hotset_router.replication import ModelLimits, ReplicationPolicy, ReplicationSettings
+from hotset_router.routing import Router
+from hotset_router.status_sync import StatusSync
+from hotset_router.telemetry import RouterMetrics
+from hotset_router.upstream import PodUnreachable, UpstreamResponse
 
 MiB = 2**20
 
@@ -59,8 +59,8 @@ class FakeClient:
             raise PodUnreachable(url, ConnectionRefusedError())
         return pod
 
-    async def status(self, url: str) -> WorkerStatus:
-        return self._pod(url).status()
+    async def status(self, url: str, since: str | None = None, limit: int | None = None) -> WorkerStatus:
+        return self._pod(url).status()  # always whole, as a worker that does not page answers
 
     async def load(self, url: str, model: str, timeout_s: float | None = None) -> None:
         """One load per model and pod however many calls wait for it, as a worker does."""
@@ -233,7 +233,7 @@ async def test_control_loop_never_places_a_dedicated_model_and_says_nothing(capl
     router, model_map, _ = build([shared, own])
     router.limits_for = lambda m: ModelLimits(2, 2, dedicated=True) if m == "a" else ModelLimits(0, 1)
     await router.sync.refresh_all()
-    with caplog.at_level("INFO", logger="modelplane_router.routing"):
+    with caplog.at_level("INFO", logger="hotset_router.routing"):
         for _ in range(5):
             await router.reconcile_once()
             await settle(router)
@@ -263,7 +263,7 @@ async def test_a_minimum_copy_that_cannot_be_placed_is_retried_with_back_off(cap
     router.clock = lambda: now[0]
     router.limits_for = lambda m: ModelLimits(1, 1) if m == "b" else ModelLimits(0, 1)
     await router.sync.refresh_all()
-    with caplog.at_level("WARNING", logger="modelplane_router.routing"):
+    with caplog.at_level("WARNING", logger="hotset_router.routing"):
         for second in range(10):
             now[0] = float(second)
             await router.reconcile_once()
@@ -290,7 +290,7 @@ class SlowReports(FakeClient):
         self.release = asyncio.Event()
         self.asked = 0
 
-    async def status(self, url: str) -> WorkerStatus:
+    async def status(self, url: str, since: str | None = None, limit: int | None = None) -> WorkerStatus:
         report = self._pod(url).status()
         self.asked += 1
         await self.release.wait()

@@ -6,10 +6,10 @@ from typing import Iterator
 
 import pytest
 
-from modelplane_common.spec import ModelSpec
-from modelplane_testing.triton import TritonServer, start_tritonserver
-from modelplane_worker import samples
-from modelplane_worker.triton_backend import TritonBackend
+from hotset_common.spec import ModelSpec
+from hotset_testing.triton import TritonServer, start_tritonserver
+from hotset_worker import samples
+from hotset_worker.triton_backend import TritonBackend
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -29,7 +29,7 @@ def sample_specs(sample_store: Path) -> dict[str, ModelSpec]:
 
 @pytest.fixture(scope="session")
 def tritonserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
-    """A real tritonserver started by modelplane-triton on free loopback ports, stopped by pid."""
+    """A real tritonserver started by hotset-triton on free loopback ports, stopped by pid."""
     root = tmp_path_factory.mktemp("triton")
     server = start_tritonserver(root / "repository", log_dir=root)
     try:

@@ -12,9 +12,9 @@ import time
 
 import pytest
 
-from modelplane_common import errors
-from modelplane_testing import ballast_framework as ballast
-from modelplane_testing.ballast_framework import MiB
+from hotset_common import errors
+from hotset_testing import ballast_framework as ballast
+from hotset_testing.ballast_framework import MiB
 
 
 @pytest.fixture(autouse=True)

@@ -6,9 +6,9 @@ restart is in test_triton_sidecar_restart.py.
 """
 from __future__ import annotations
 
-from modelplane_common.spec import Framework
-from modelplane_testing import ballast_framework as ballast
-from modelplane_testing.ballast_framework import MiB
+from hotset_common.spec import Framework
+from hotset_testing import ballast_framework as ballast
+from hotset_testing.ballast_framework import MiB
 
 
 async def test_lost_copies_are_dropped_with_their_bytes_and_load_again(tmp_path) -> None:

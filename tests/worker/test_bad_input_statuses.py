@@ -7,10 +7,10 @@ import json
 import httpx
 import pytest
 
-from modelplane_common.spec import ModelSpec
-from modelplane_testing import ballast_framework as ballast
-from modelplane_testing.ballast_framework import MiB
-from modelplane_testing.worker_server import ballast_app, serve_in_thread
+from hotset_common.spec import ModelSpec
+from hotset_testing import ballast_framework as ballast
+from hotset_testing.ballast_framework import MiB
+from hotset_testing.worker_server import ballast_app, serve_in_thread
 
 
 @pytest.fixture(scope="module")

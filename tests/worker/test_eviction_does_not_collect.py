@@ -8,11 +8,11 @@ import weakref
 
 import pytest
 
-from modelplane_common.spec import ModelSpec
-from modelplane_worker import memory
-from modelplane_worker.frameworks.base import WorkerContext
-from modelplane_worker.manager import ModelManager
-from modelplane_worker.store import MemoryModelStore
+from hotset_common.spec import ModelSpec
+from hotset_worker import memory
+from hotset_worker.frameworks.base import WorkerContext
+from hotset_worker.manager import ModelManager
+from hotset_worker.store import MemoryModelStore
 
 
 @pytest.fixture

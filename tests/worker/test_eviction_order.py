@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from modelplane_common.eviction import Candidate, EvictionPolicy, choose_victims, eviction_cost
-from modelplane_testing import ballast_framework as ballast
-from modelplane_testing.ballast_framework import MiB
+from hotset_common.eviction import DEFAULT_HALF_LIFE_S, Candidate, EvictionPolicy, choose_victims, eviction_cost
+from hotset_testing import ballast_framework as ballast
+from hotset_testing.ballast_framework import MiB
 
 
 @pytest.fixture(autouse=True)
@@ -18,8 +18,13 @@ def _counters() -> None:
     ballast.reset_counters()
 
 
-async def request_in_order(manager, ids: list[str]) -> None:
+async def request_in_order(manager, ids: list[str], now: list[float] | None = None) -> None:
+    """One request each, in order; with `now` (the manager's clock), ten demand half-lives apart, so
+    recency outweighs any difference in the measured load seconds of equal models (real time,
+    which a busy machine spreads by a few ms)."""
     for model_id in ids:
+        if now is not None:
+            now[0] += 10 * DEFAULT_HALF_LIFE_S
         async with manager.use(model_id):
             pass
 
@@ -29,10 +34,11 @@ async def request_in_order(manager, ids: list[str]) -> None:
     [(["a", "b", "c"], ["b", "c"]), (["a", "b", "a", "c"], ["a", "c"])],
 )
 async def test_room_for_two_by_bytes_keeps_the_two_most_recent(tmp_path, requests, expected) -> None:
+    now = [0.0]
     store = ballast.catalog(tmp_path, {key: {"size": MiB, "memory": MiB} for key in "abc"})
-    manager = ballast.manager(store, budget=2 * MiB)
+    manager = ballast.manager(store, budget=2 * MiB, clock=lambda: now[0])
     try:
-        await request_in_order(manager, requests)
+        await request_in_order(manager, requests, now)
         assert manager.loaded_ids() == expected
         await manager.settled()
         assert ballast.UNLOADS == {key: 1 for key in "abc" if key not in expected}
@@ -45,10 +51,11 @@ async def test_room_for_two_by_bytes_keeps_the_two_most_recent(tmp_path, request
     [(["a", "b", "c"], ["b", "c"]), (["a", "b", "a", "c"], ["a", "c"])],
 )
 async def test_room_for_two_by_count_keeps_the_two_most_recent(tmp_path, requests, expected) -> None:
+    now = [0.0]
     store = ballast.catalog(tmp_path, {key: {"size": 1024} for key in "abc"})
-    manager = ballast.manager(store, budget=100 * MiB, max_models=2)
+    manager = ballast.manager(store, budget=100 * MiB, max_models=2, clock=lambda: now[0])
     try:
-        await request_in_order(manager, requests)
+        await request_in_order(manager, requests, now)
         assert manager.loaded_ids() == expected
     finally:
         await manager.close()

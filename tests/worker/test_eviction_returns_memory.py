@@ -5,8 +5,8 @@ import gc
 
 import psutil
 
-from modelplane_testing import ballast_framework as ballast
-from modelplane_testing.ballast_framework import MiB
+from hotset_testing import ballast_framework as ballast
+from hotset_testing.ballast_framework import MiB
 
 
 def rss() -> int:

@@ -9,11 +9,11 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from modelplane_common import wire
-from modelplane_common.spec import ModelSpec
-from modelplane_testing import ballast_framework as ballast
-from modelplane_testing.ballast_framework import MiB
-from modelplane_testing.worker_server import ballast_app, free_port, serve_in_thread
+from hotset_common import wire
+from hotset_common.spec import ModelSpec
+from hotset_testing import ballast_framework as ballast
+from hotset_testing.ballast_framework import MiB
+from hotset_testing.worker_server import ballast_app, free_port, serve_in_thread
 
 BACKOFF_S = 30.0
 

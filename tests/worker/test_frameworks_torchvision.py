@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from modelplane_common import errors
-from modelplane_common.spec import ModelSpec
-from modelplane_worker import engine
-from modelplane_worker.frameworks.base import FrameworkWorker, WorkerContext
+from hotset_common import errors
+from hotset_common.spec import ModelSpec
+from hotset_worker import engine
+from hotset_worker.frameworks.base import FrameworkWorker, WorkerContext
 
 COLOURS = {"red": (255, 0, 0), "green": (0, 255, 0), "blue": (0, 0, 255), "black": (0, 0, 0), "white": (255, 255, 255)}
 

@@ -8,10 +8,10 @@ from typing import Iterator
 import numpy as np
 import pytest
 
-from modelplane_common import errors
-from modelplane_common.spec import ModelSpec
-from modelplane_worker import engine
-from modelplane_worker.frameworks.base import FrameworkWorker, WorkerContext
+from hotset_common import errors
+from hotset_common.spec import ModelSpec
+from hotset_worker import engine
+from hotset_worker.frameworks.base import FrameworkWorker, WorkerContext
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +83,7 @@ def test_unload_frees_the_model(sample_specs: dict[str, ModelSpec]) -> None:
     assert worker.is_ready() and worker.measured_bytes() > 0
     worker.unload()
     assert not worker.is_ready()
-    with pytest.raises(errors.ModelplaneError):
+    with pytest.raises(errors.HotsetError):
         worker.predict("still there?")
 
 
@@ -125,3 +125,26 @@ def test_a_text_longer_than_the_model_is_truncated_not_an_error(
         assert worker.predict(["great " * 1000])[0]["label"] == "positive"  # 1000 tokens, 128 positions
     finally:
         worker.unload()
+
+
+def test_loads_on_two_threads_at_once_never_break_later_loads(sample_specs: dict[str, ModelSpec]) -> None:
+    """transformers' from_pretrained patches process-wide objects while it builds a model; two at
+    once left PreTrainedModel.tie_weights patched for good, and every later load of tiny-chat (tied
+    weights) failed with "Cannot copy out of meta tensor" (1 in 6 rounds before the fix). The
+    manager loads on two threads, so a chat request's load could meet any other model's."""
+    import concurrent.futures
+
+    from transformers import PreTrainedModel
+
+    original = PreTrainedModel.tie_weights
+
+    def load_and_unload(model: str) -> None:
+        worker = engine.create(sample_specs[model], WorkerContext())
+        worker.load()
+        worker.unload()
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        for _ in range(6):
+            list(pool.map(load_and_unload, ["tiny-chat", "mini-embed"]))  # raises a failed load's error
+    assert PreTrainedModel.tie_weights is original
+    load_and_unload("tiny-chat")

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import httpx
 
-from modelplane_testing import ballast_framework as ballast
-from modelplane_testing.polling import wait_for
-from modelplane_testing.processes import free_port, spawn, wait_http
-from modelplane_worker.main import RUNNING_MARKER
+from hotset_testing import ballast_framework as ballast
+from hotset_testing.polling import wait_for
+from hotset_testing.processes import free_port, spawn, wait_http
+from hotset_worker.main import RUNNING_MARKER
 
 LAUNCHER = Path(__file__).resolve().parents[1] / "router" / "ballast_worker_main.py"
 

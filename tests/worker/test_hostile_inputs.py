@@ -15,9 +15,9 @@ import time
 import httpx
 import pytest
 
-from modelplane_testing import ballast_framework as ballast
-from modelplane_testing.ballast_framework import MiB
-from modelplane_testing.worker_server import ballast_app, serve_in_thread
+from hotset_testing import ballast_framework as ballast
+from hotset_testing.ballast_framework import MiB
+from hotset_testing.worker_server import ballast_app, serve_in_thread
 
 
 @pytest.fixture(scope="module")
@@ -104,12 +104,12 @@ def test_large_json_tensors_are_decoded_off_the_event_loop(worker) -> None:
 @pytest.fixture(scope="module")
 def real_models(sample_specs):
     """The real sample models (transformers sentiment, torchvision colors) behind a real worker app."""
-    from modelplane_worker import api, engine
-    from modelplane_worker.backends import Backends
-    from modelplane_worker.frameworks.base import WorkerContext
-    from modelplane_worker.manager import ModelManager
-    from modelplane_worker.metrics import WorkerMetrics
-    from modelplane_worker.store import MemoryModelStore
+    from hotset_worker import api, engine
+    from hotset_worker.backends import Backends
+    from hotset_worker.frameworks.base import WorkerContext
+    from hotset_worker.manager import ModelManager
+    from hotset_worker.metrics import WorkerMetrics
+    from hotset_worker.store import MemoryModelStore
 
     store = MemoryModelStore([sample_specs["sentiment"], sample_specs["colors"]])
     backends = Backends([])

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from modelplane_worker.generation import IncrementalDecoder, StopSequences
+from hotset_worker.generation import IncrementalDecoder, StopSequences
 
 
 @pytest.fixture(scope="module")

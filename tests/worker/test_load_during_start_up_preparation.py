@@ -14,7 +14,7 @@ import json
 
 import httpx
 
-from modelplane_testing.worker_server import worker_process
+from hotset_testing.worker_server import worker_process
 
 
 def test_loads_and_predicts_sent_while_preparing_succeed(sample_store, tmp_path) -> None:

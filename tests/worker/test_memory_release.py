@@ -7,16 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from modelplane_common.spec import ModelSpec
-from modelplane_worker import engine, memory
-from modelplane_worker.frameworks.base import WorkerContext
+from hotset_common.spec import ModelSpec
+from hotset_worker import engine, memory
+from hotset_worker.frameworks.base import WorkerContext
 
 MiB = 2**20
 # A BERT encoder whose embedding table alone is 420_000 x 128 float32 = 205 MiB.
 BUILD_LARGE_MODEL = """
 import sys, torch
 from transformers import BertConfig, BertModel
-from modelplane_worker import samples
+from hotset_worker import samples
 folder = sys.argv[1]
 samples._save_tokenizer(__import__("pathlib").Path(folder))
 torch.manual_seed(0)

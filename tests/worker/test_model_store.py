@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from modelplane_common import errors
-from modelplane_common.spec import Framework, Task
-from modelplane_worker.store import JsonModelStore
+from hotset_common import errors
+from hotset_common.spec import Framework, Task
+from hotset_worker.store import JsonModelStore
 
 
 def write(path, models) -> None:
@@ -49,7 +49,7 @@ def test_an_unknown_id_is_model_not_found(tmp_path) -> None:
     [
         ([{"id": "x", "framework": "onnx", "source": "file:///m"}], "'x': framework"),
         ([{"id": "x", "framework": "triton"}], "'x': source"),
-        ([{"id": "x", "framework": "triton", "source": "http://example/m"}], "scheme 'http'"),
+        ([{"id": "x", "framework": "triton", "source": "ftp://example/m"}], "scheme 'ftp'"),
         ([{"id": "x", "framework": "triton", "source": "file://../escape"}], "'..'"),
         ([{"id": "x", "framework": "triton", "source": "file:///m", "memory": "lots"}], "memory"),
         ([{"id": "x", "framework": "triton", "source": "file:///m"}] * 2, "'x' twice"),
@@ -67,3 +67,23 @@ def test_a_file_that_is_not_a_store_says_so(tmp_path) -> None:
         JsonModelStore(tmp_path / "models.json")
     with pytest.raises(ValueError, match="cannot read"):
         JsonModelStore(tmp_path / "absent.json")
+
+
+def test_the_router_reads_a_store_file_exactly_as_the_worker_does(tmp_path) -> None:
+    """One parser (hotset_common.model_store): the router used to skip entries the worker accepted."""
+    from hotset_router.discovery import read_model_store
+
+    (tmp_path / "local").mkdir()
+    write(tmp_path / "models.json", [
+        {"id": "seed-typed", "type": "text_classification", "framework": "transformers", "source": "file://local"},
+        {"id": "canaried", "framework": "torchvision", "source": "local", "memory": "10Mi",
+         "rollout": {"canary": {"version": "2", "source": "file://local", "weight": 10}}},
+    ])
+    worker = {spec.id: spec for spec in JsonModelStore(tmp_path / "models.json").list() if not spec.variant_of}
+    router = read_model_store(tmp_path / "models.json")
+    assert router == worker and sorted(router) == ["canaried", "seed-typed"]
+    assert router["seed-typed"].task is Task.TEXT_CLASSIFICATION
+    assert router["canaried"].rollout.canary.source == f"file://{tmp_path / 'local'}"
+    write(tmp_path / "models.json", [{"id": "x", "framework": "onnx", "source": "file:///m"}])
+    with pytest.raises(ValueError, match="'x': framework"):  # refused by both, naming the model and field
+        read_model_store(tmp_path / "models.json")

@@ -11,8 +11,8 @@ import os
 
 import pytest
 
-from modelplane_common import errors
-from modelplane_worker.store import JsonModelStore
+from hotset_common import errors
+from hotset_worker.store import JsonModelStore
 
 
 def replace(path, models) -> None:

@@ -9,9 +9,9 @@ from __future__ import annotations
 import httpx
 import pydantic
 
-from modelplane_testing import ballast_framework as ballast
-from modelplane_testing.ballast_framework import MiB
-from modelplane_testing.worker_server import ballast_app, serve_in_thread
+from hotset_testing import ballast_framework as ballast
+from hotset_testing.ballast_framework import MiB
+from hotset_testing.worker_server import ballast_app, serve_in_thread
 
 
 class SeedMetadata(pydantic.BaseModel):
@@ -47,7 +47,7 @@ def test_models_and_errors_read_by_a_seed_client(tmp_path) -> None:
     assert (spam.id, spam.name, spam.type, spam.framework, spam.version) == (
         "spam", "bert-tiny-spam", "tensor", "torchvision", "1.0.0")
     assert after.loaded_models == {"images": "images", "spam": "bert-tiny-spam"}  # id -> name, what is loaded now
-    assert raw["available_models"]["spam"]["memory_bytes"] == MiB  # modelplane's fields stand beside the seed's
+    assert raw["available_models"]["spam"]["memory_bytes"] == MiB  # hotset's fields stand beside the seed's
     for response, status, words in ((missing, 404, "'nope'"), (malformed, 422, "model_id")):
         body = response.json()
         assert response.status_code == status and words in body["detail"]  # what the seed's client reads

@@ -7,9 +7,9 @@ import time
 
 import httpx
 
-from modelplane_testing import ballast_framework as ballast
-from modelplane_testing.ballast_framework import MiB
-from modelplane_testing.worker_server import ballast_app, serve_in_thread, wait_until
+from hotset_testing import ballast_framework as ballast
+from hotset_testing.ballast_framework import MiB
+from hotset_testing.worker_server import ballast_app, serve_in_thread, wait_until
 
 
 def median_latency(client: httpx.Client, count: int) -> float:

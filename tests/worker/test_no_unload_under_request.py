@@ -5,11 +5,11 @@ import asyncio
 
 import pytest
 
-from modelplane_testing import ballast_framework as ballast
-from modelplane_testing.ballast_framework import MiB
-from modelplane_worker.dataplane import DataPlane
-from modelplane_worker.metrics import WorkerMetrics
-from modelplane_worker.backends import Backends
+from hotset_testing import ballast_framework as ballast
+from hotset_testing.ballast_framework import MiB
+from hotset_worker.dataplane import DataPlane
+from hotset_worker.metrics import WorkerMetrics
+from hotset_worker.backends import Backends
 
 
 @pytest.fixture(autouse=True)

@@ -7,8 +7,8 @@ import struct
 import numpy as np
 import pytest
 
-from modelplane_common import errors
-from modelplane_worker import codec
+from hotset_common import errors
+from hotset_worker import codec
 
 
 def binary_request(tensors: dict[str, tuple[str, np.ndarray]], **header_extra) -> tuple[bytes, int]:

@@ -6,9 +6,9 @@ import pytest
 import tritonclient.http as triton_http
 from tritonclient.utils import InferenceServerException
 
-from modelplane_testing import ballast_framework as ballast
-from modelplane_testing.ballast_framework import MiB
-from modelplane_testing.worker_server import ballast_app, serve_in_thread
+from hotset_testing import ballast_framework as ballast
+from hotset_testing.ballast_framework import MiB
+from hotset_testing.worker_server import ballast_app, serve_in_thread
 
 
 @pytest.fixture(scope="module")

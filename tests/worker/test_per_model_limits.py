@@ -11,9 +11,9 @@ import concurrent.futures
 import httpx
 import pytest
 
-from modelplane_testing import ballast_framework as ballast
-from modelplane_testing.ballast_framework import MiB
-from modelplane_testing.worker_server import ballast_app, serve_in_thread, wait_until
+from hotset_testing import ballast_framework as ballast
+from hotset_testing.ballast_framework import MiB
+from hotset_testing.worker_server import ballast_app, serve_in_thread, wait_until
 
 
 @pytest.fixture(scope="module")
@@ -45,20 +45,20 @@ def test_requests_past_the_limit_wait_and_past_the_queue_get_429(worker) -> None
     worker.post("/v2/repository/models/slow/load")
     with concurrent.futures.ThreadPoolExecutor(3) as pool:
         first = pool.submit(predict)
-        wait_until(lambda: metric(worker, "modelplane_inflight_requests", "slow") == 1, what="one request in flight")
+        wait_until(lambda: metric(worker, "hotset_inflight_requests", "slow") == 1, what="one request in flight")
         second = pool.submit(predict)
-        wait_until(lambda: metric(worker, "modelplane_model_queued_requests", "slow") == 1, what="one request queued")
+        wait_until(lambda: metric(worker, "hotset_model_queued_requests", "slow") == 1, what="one request queued")
         third = predict()  # the queue (1) is full
         assert third.status_code == 429, third.text
         assert "limit of 1 concurrent" in third.json()["error"] and third.headers["Retry-After"] == "1"
         # Another model on the same pod is served at once meanwhile.
         assert worker.post("/predict", json={"model_id": "fast", "input_data": [1.0]}).status_code == 200
         assert first.result().status_code == 200 and second.result().status_code == 200
-    assert metric(worker, "modelplane_refusals_total", "slow") >= 1
+    assert metric(worker, "hotset_refusals_total", "slow") >= 1
 
 
 def test_timeout_seconds_caps_the_deadline_with_503_and_retry_after(worker) -> None:
-    answer = worker.post("/predict", json={"model_id": "late", "input_data": [1.0]}, headers={"X-Modelplane-Timeout": "30"})
+    answer = worker.post("/predict", json={"model_id": "late", "input_data": [1.0]}, headers={"X-Hotset-Timeout": "30"})
     assert answer.status_code == 503, answer.text
     assert "deadline" in answer.json()["error"] and "Retry-After" in answer.headers
 
@@ -66,10 +66,10 @@ def test_timeout_seconds_caps_the_deadline_with_503_and_retry_after(worker) -> N
 @pytest.mark.parametrize("value", ["soon", "0", "-1", "nan", "inf"])
 def test_a_timeout_header_that_is_not_a_positive_number_is_refused_and_names_the_header(worker, value) -> None:
     answer = worker.post("/predict", json={"model_id": "fast", "input_data": [1.0]},
-                         headers={"X-Modelplane-Timeout": value})
+                         headers={"X-Hotset-Timeout": value})
     assert answer.status_code == 400
-    assert "x-modelplane-timeout must be a positive number of seconds" in answer.text
+    assert "x-hotset-timeout must be a positive number of seconds" in answer.text
     assert value in answer.text
     served = worker.post("/predict", json={"model_id": "fast", "input_data": [1.0]},
-                         headers={"X-Modelplane-Timeout": "2.5"})
+                         headers={"X-Hotset-Timeout": "2.5"})
     assert served.status_code == 200, served.text  # the next request, with a good budget, is served

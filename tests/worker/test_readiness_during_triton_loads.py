@@ -26,8 +26,8 @@ import threading
 import httpx
 import pytest
 
-from modelplane_testing.triton import TritonServer, start_tritonserver
-from modelplane_testing.worker_server import wait_until, worker_process
+from hotset_testing.triton import TritonServer, start_tritonserver
+from hotset_testing.worker_server import wait_until, worker_process
 
 SLOW_INITIALIZE_S = 2.0
 ROUNDS = 2
@@ -143,13 +143,17 @@ def test_a_loaded_triton_model_answers_while_another_loads(worker_with_sidecar) 
     assert answered_while_loading == 3, f"iris answered {answered_while_loading} times while iris-slow loaded, then waited for the load"
 
 
-def test_a_frozen_sidecar_still_makes_the_pod_unready(worker_with_sidecar) -> None:
-    """Unanswered probes are given a grace period, not forever: a hung sidecar is still reported."""
+def test_a_frozen_sidecar_is_reported_down_and_the_pod_keeps_serving(worker_with_sidecar) -> None:
+    """Unanswered probes are given a grace period, not forever: a hung sidecar is still reported
+    (its backend down, its models unready), while the pod, which holds no pinned Triton model,
+    stays ready for its other models (issue 18: a Triton failure takes out only Triton's models)."""
     client, server = worker_with_sidecar
     os.kill(server.pid, signal.SIGSTOP)  # alive, port open, answering nothing
     try:
-        wait_until(lambda: client.get("/v2/health/ready").status_code == 503, timeout_s=15, what="readiness 503")
-        assert client.get("/status").json()["triton_ready"] is False
+        wait_until(lambda: client.get("/status").json()["triton_ready"] is False, timeout_s=15, what="triton reported down")
+        ready = client.get("/v2/health/ready")
+        assert ready.status_code == 200 and ready.json()["down"] == ["triton"], ready.text
     finally:
         os.kill(server.pid, signal.SIGCONT)
-    wait_until(lambda: client.get("/v2/health/ready").status_code == 200, timeout_s=15, what="readiness again")
+    wait_until(lambda: client.get("/status").json()["triton_ready"] is True, timeout_s=15, what="triton back")
+    assert client.get("/v2/health/ready").json()["down"] == []

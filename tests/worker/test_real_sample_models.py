@@ -1,4 +1,4 @@
-"""The real ``modelplane-worker`` CLI serves the real sample models (transformers, torchvision) over HTTP."""
+"""The real ``hotset-worker`` CLI serves the real sample models (transformers, torchvision) over HTTP."""
 from __future__ import annotations
 
 import base64
@@ -10,10 +10,10 @@ import pytest
 import tritonclient.http as triton_http
 from PIL import Image
 
-from modelplane_common.eviction import choose_victims, evictable, policy_of
-from modelplane_common.wire import WorkerStatus
-from modelplane_testing.worker_server import REPO, worker_process
-from modelplane_worker import samples
+from hotset_common.eviction import choose_victims, evictable, policy_of
+from hotset_common.wire import WorkerStatus
+from hotset_testing.worker_server import REPO, worker_process
+from hotset_worker import samples
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +21,7 @@ def worker():
     store = samples.generate(REPO / "build" / "models")  # idempotent: reuses what `make install` built
     # Admission control off: every load here evicts, so the victim can be checked (test_admission_queue covers it).
     args = ["--model-store", str(store), "--max-models", "2", "--min-residency-s", "0", "--admission-control", "off"]
-    with worker_process(args, env={"MODELPLANE_MEMORY_BUDGET": "2Gi", "MODELPLANE_POD_NAME": "real-pod", "HF_HUB_OFFLINE": "1"}) as url:
+    with worker_process(args, env={"HOTSET_MEMORY_BUDGET": "2Gi", "HOTSET_POD_NAME": "real-pod", "HF_HUB_OFFLINE": "1"}) as url:
         with httpx.Client(base_url=url, timeout=120) as client:
             yield client
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import stat
 from pathlib import Path
 
-from modelplane_worker import samples
+from hotset_worker import samples
 
 
 def test_share_opens_private_files_and_folders_to_every_reader(tmp_path: Path) -> None:

@@ -7,10 +7,10 @@ import asyncio
 import pytest
 from fastapi.testclient import TestClient
 
-from modelplane_testing import ballast_framework as ballast
-from modelplane_testing.ballast_framework import MiB
-from modelplane_testing.worker_server import ballast_app
-from modelplane_worker.manager import RequestTiming
+from hotset_testing import ballast_framework as ballast
+from hotset_testing.ballast_framework import MiB
+from hotset_testing.worker_server import ballast_app
+from hotset_worker.manager import RequestTiming
 
 FACTOR = {"1": 2.0, "2": 3.0}  # each version's weights answer differently
 
@@ -76,6 +76,6 @@ def test_answers_and_status_name_the_version(tmp_path) -> None:
     store = ballast.catalog(tmp_path, {"m": {"size": MiB, "memory": MiB}})
     with TestClient(ballast_app(store, 10 * MiB)) as client:
         answer = client.post("/predict", json={"model_id": "m", "input_data": [1]})
-        assert answer.json()["model_version"] == "1" and answer.headers["x-modelplane-model-version"] == "1"
+        assert answer.json()["model_version"] == "1" and answer.headers["x-hotset-model-version"] == "1"
         (copy,) = client.get("/status").json()["models"]
         assert copy["version"] == "1"

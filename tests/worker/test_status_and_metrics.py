@@ -4,10 +4,10 @@ from __future__ import annotations
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from modelplane_common import wire
-from modelplane_testing import ballast_framework as ballast
-from modelplane_testing.ballast_framework import MiB
-from modelplane_testing.worker_server import ballast_app, serve_in_thread
+from hotset_common import wire
+from hotset_testing import ballast_framework as ballast
+from hotset_testing.ballast_framework import MiB
+from hotset_testing.worker_server import ballast_app, serve_in_thread
 
 
 def samples(text: str) -> dict[tuple[str, frozenset], float]:
@@ -47,12 +47,12 @@ def test_status_metrics_models_and_index_describe_the_same_state(tmp_path) -> No
     def metric(name: str, **labels: str) -> float:
         return metrics.get((name, frozenset({"pod": "pod-1", "framework": "torchvision", **labels}.items())), 0.0)
 
-    assert metric("modelplane_requests_total", model="a", code="200") == 2
-    assert metric("modelplane_requests_total", model="a", code="400") == 1
-    assert metric("modelplane_evictions_total", model="b") == 1
-    assert metric("modelplane_evictions_total", model="a") == 0
-    assert metric("modelplane_model_loads_total", model="a", result="success") == 1
-    assert metric("modelplane_model_bytes", model="c") == MiB
-    assert ("modelplane_model_bytes", frozenset({"pod": "pod-1", "framework": "torchvision", "model": "b"}.items())) not in metrics
-    assert metrics[("modelplane_memory_used_bytes", frozenset({"pod": "pod-1"}.items()))] == 3 * MiB
-    assert metric("modelplane_request_seconds_count", model="a") == 3
+    assert metric("hotset_requests_total", model="a", code="200") == 2
+    assert metric("hotset_requests_total", model="a", code="400") == 1
+    assert metric("hotset_evictions_total", model="b") == 1
+    assert metric("hotset_evictions_total", model="a") == 0
+    assert metric("hotset_model_loads_total", model="a", result="success") == 1
+    assert metric("hotset_model_bytes", model="c") == MiB
+    assert ("hotset_model_bytes", frozenset({"pod": "pod-1", "framework": "torchvision", "model": "b"}.items())) not in metrics
+    assert metrics[("hotset_memory_used_bytes", frozenset({"pod": "pod-1"}.items()))] == 3 * MiB
+    assert metric("hotset_request_seconds_count", model="a") == 3

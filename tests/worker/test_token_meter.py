@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from modelplane_common import openai_wire
-from modelplane_worker.token_meter import EventCounter, TokenMeter
+from hotset_common import openai_wire
+from hotset_worker.token_meter import EventCounter, TokenMeter
 
 
 class Clock:

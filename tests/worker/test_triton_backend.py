@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from modelplane_common import errors
-from modelplane_common.spec import ModelSpec
-from modelplane_testing.triton import TritonServer, free_ports
-from modelplane_worker import engine
-from modelplane_worker.backends import Backends
-from modelplane_worker.triton_backend import TritonBackend, TritonRefused, memory_from_statistics
+from hotset_common import errors
+from hotset_common.spec import ModelSpec
+from hotset_testing.triton import TritonServer, free_ports
+from hotset_worker import engine
+from hotset_worker.backends import Backends
+from hotset_worker.triton_backend import TritonBackend, TritonRefused, memory_from_statistics
 
 from test_triton_worker import context_for, iris_copy
 

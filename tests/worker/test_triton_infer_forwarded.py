@@ -18,9 +18,9 @@ import tritonclient.http as triton_http
 from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
-from modelplane_common import metrics as metric_names
-from modelplane_testing.triton import start_tritonserver
-from modelplane_testing.worker_server import wait_until, worker_process
+from hotset_common import metrics as metric_names
+from hotset_testing.triton import start_tritonserver
+from hotset_testing.worker_server import wait_until, worker_process
 
 SETOSA, VIRGINICA = [5.1, 3.5, 1.4, 0.2], [6.7, 3.0, 5.2, 2.3]
 SLOW_S = 1.5

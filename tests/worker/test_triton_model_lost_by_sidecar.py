@@ -12,10 +12,10 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from modelplane_common.spec import ModelSpec
-from modelplane_testing.triton import TritonServer
-from modelplane_worker import engine
-from modelplane_worker.triton_backend import TritonBackend
+from hotset_common.spec import ModelSpec
+from hotset_testing.triton import TritonServer
+from hotset_worker import engine
+from hotset_worker.triton_backend import TritonBackend
 
 from test_triton_worker import SETOSA, context_for, iris_copy, repository_index
 

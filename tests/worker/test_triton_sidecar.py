@@ -1,4 +1,4 @@
-"""modelplane-triton starts the real tritonserver the way the pod's sidecar container does."""
+"""hotset-triton starts the real tritonserver the way the pod's sidecar container does."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,8 +7,8 @@ import httpx
 import psutil
 import pytest
 
-from modelplane_testing.triton import TritonServer
-from modelplane_worker import triton_sidecar
+from hotset_testing.triton import TritonServer
+from hotset_worker import triton_sidecar
 
 
 def test_the_sidecar_pid_is_tritonserver_itself(tritonserver: TritonServer) -> None:

@@ -15,8 +15,8 @@ import signal
 import httpx
 import pytest
 
-from modelplane_testing.triton import TritonServer, start_tritonserver
-from modelplane_testing.worker_server import wait_until, worker_process
+from hotset_testing.triton import TritonServer, start_tritonserver
+from hotset_testing.worker_server import wait_until, worker_process
 
 SETOSA = [5.1, 3.5, 1.4, 0.2]
 
@@ -93,3 +93,55 @@ def test_the_worker_follows_a_sidecar_restart(store_with_pinned_iris, tmp_path) 
     finally:
         for server in servers:
             server.stop()
+
+
+def test_a_triton_crash_unreadies_only_its_models_and_they_come_back_without_a_restart(sample_store, tmp_path) -> None:
+    """The sidecar as a pod runs it (the operator's loop around tritonserver); tritonserver killed.
+    Before, the pod went unready (and a crashed container took it out of every Service) until
+    Triton was back: every model of the pod stopped serving for a Triton crash. Now the pod stays
+    ready, the sentiment classifier keeps answering, iris is reported not ready (LOADING, so the
+    router sends it nowhere) and is served again once the loop has started Triton again."""
+    import threading
+
+    repository = tmp_path / "repository"
+    server = start_tritonserver(repository, log_dir=tmp_path, supervised=True)
+    try:
+        args = ["--model-store", str(sample_store), "--memory-budget", "2Gi",
+                "--triton-url", server.url, "--triton-repository", str(repository)]
+        with worker_process(args) as url, httpx.Client(base_url=url, timeout=120) as client:
+            for model, data in (("iris", [SETOSA]), ("sentiment", "a wonderful little model")):
+                assert client.post("/predict", json={"model_id": model, "input_data": data}).status_code == 200
+            readiness: list[int] = []
+            watching = threading.Event()
+
+            def watch() -> None:
+                with httpx.Client(base_url=url, timeout=10) as probe:
+                    while not watching.is_set():
+                        readiness.append(probe.get("/v2/health/ready").status_code)
+                        watching.wait(0.1)
+
+            watcher = threading.Thread(target=watch)
+            watcher.start()
+            try:
+                crashed = server.tritonserver_pid()
+                os.kill(crashed, signal.SIGKILL)  # Triton crashes; its container's loop lives on
+                wait_until(lambda: client.get("/v2/models/iris/ready").status_code == 503, timeout_s=10,
+                           what="iris unready while Triton is down")
+                copies = {c["id"]: c for c in client.get("/status").json()["models"]}
+                assert copies["sentiment"]["state"] == "READY" and client.get("/status").json()["ready"] is True
+                answer = client.post("/predict", json={"model_id": "sentiment", "input_data": "a wonderful little model"})
+                assert answer.status_code == 200, answer.text
+                wait_until(lambda: server.tritonserver_pid() != crashed
+                           and client.get("/v2/health/ready").json()["triton_ready"]
+                           and triton_ready_models(server) == worker_ready_triton_models(client) == set(),
+                           timeout_s=60, interval_s=0.2, what="the loop to start Triton again, and the worker to see it empty")
+                predicted = client.post("/predict", json={"model_id": "iris", "input_data": [SETOSA]})
+                assert predicted.status_code == 200, predicted.text  # loaded again into the new Triton
+            finally:
+                watching.set()
+                watcher.join()
+            assert readiness and set(readiness) == {200}, f"readiness answers during the crash: {sorted(set(readiness))}"
+            assert triton_ready_models(server) == {"iris"} and worker_ready_triton_models(client) == {"iris"}
+            assert server.running()  # the same container process throughout
+    finally:
+        server.stop()

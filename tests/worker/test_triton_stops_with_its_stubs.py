@@ -21,9 +21,9 @@ import httpx
 import psutil
 import pytest
 
-from modelplane_common.spec import ModelSpec
-from modelplane_testing.polling import wait_for
-from modelplane_testing.triton import TritonServer, start_tritonserver
+from hotset_common.spec import ModelSpec
+from hotset_testing.polling import wait_for
+from hotset_testing.triton import TritonServer, start_tritonserver
 
 STUB = "triton_python_backend_stub"
 

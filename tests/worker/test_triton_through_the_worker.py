@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tritonclient.http as triton_http
 
-from modelplane_testing.worker_server import wait_until, worker_process
+from hotset_testing.worker_server import wait_until, worker_process
 
 
 @pytest.fixture(scope="module")

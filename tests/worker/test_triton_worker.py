@@ -9,12 +9,12 @@ import httpx
 import numpy as np
 import pytest
 
-from modelplane_common import errors
-from modelplane_common.spec import ModelSpec
-from modelplane_testing.triton import TritonServer, free_ports
-from modelplane_worker import engine
-from modelplane_worker.frameworks.base import FrameworkWorker, WorkerContext
-from modelplane_worker.triton_backend import TritonBackend
+from hotset_common import errors
+from hotset_common.spec import ModelSpec
+from hotset_testing.triton import TritonServer, free_ports
+from hotset_worker import engine
+from hotset_worker.frameworks.base import FrameworkWorker, WorkerContext
+from hotset_worker.triton_backend import TritonBackend
 
 SETOSA = [5.0, 3.4, 1.5, 0.2]
 VIRGINICA = [6.6, 3.0, 5.6, 2.0]
@@ -149,7 +149,7 @@ def test_a_sidecar_that_is_down_is_backend_unavailable(sample_specs: dict[str, M
 
 def test_a_sidecar_that_dies_after_the_load_makes_inference_unavailable(
         sample_specs: dict[str, ModelSpec], tmp_path: Path) -> None:
-    from modelplane_testing.triton import start_tritonserver
+    from hotset_testing.triton import start_tritonserver
 
     server = start_tritonserver(tmp_path / "repo", log_dir=tmp_path)
     own = TritonBackend(server.url, server.repository)

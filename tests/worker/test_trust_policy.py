@@ -2,16 +2,17 @@
 ``file://`` sources outside the declared folders, Triton backends not on the allowlist."""
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
 import httpx
 import pytest
 
-from modelplane_common.spec import ModelSpec
-from modelplane_testing import ballast_framework as ballast
-from modelplane_testing.ballast_framework import MiB
-from modelplane_testing.worker_server import ballast_app, serve_in_thread, worker_process
+from hotset_common.spec import ModelSpec
+from hotset_testing import ballast_framework as ballast
+from hotset_testing.ballast_framework import MiB
+from hotset_testing.worker_server import ballast_app, serve_in_thread, worker_process
 
 TOKEN = "s3cret-token"
 
@@ -58,30 +59,56 @@ def test_a_file_source_outside_the_declared_folders_is_403_and_nothing_loads(loc
 
 
 def test_the_worker_command_takes_the_policy_from_its_environment(tmp_path: Path) -> None:
-    """A real modelplane-worker with the variables the operator sets refuses a token-less call
-    and a file:// source outside MODELPLANE_FILE_ROOTS (here: none at all)."""
+    """A real hotset-worker with the variables the operator sets refuses a token-less call
+    and a file:// source outside HOTSET_FILE_ROOTS (here: none at all)."""
     store = tmp_path / "store.json"
     store.write_text('{"models": [{"id": "secret", "framework": "transformers", "task": "embedding", '
                      '"source": "file:///var/run/secrets"}]}')
-    env = {"MODELPLANE_API_TOKEN": TOKEN, "MODELPLANE_FILE_ROOTS": "", "MODELPLANE_TRITON_BACKENDS": "onnxruntime"}
+    env = {"HOTSET_API_TOKEN": TOKEN, "HOTSET_FILE_ROOTS": "", "HOTSET_TRITON_BACKENDS": "onnxruntime"}
     with worker_process(["--model-store", str(store), "--memory-budget", "64Mi"], env=env) as url:
         assert httpx.post(url + "/v2/repository/models/secret/load").status_code == 401
-        answer = httpx.post(url + "/v2/repository/models/secret/load", headers={"Authorization": f"Bearer {TOKEN}"})
+        answer = httpx.post(url + "/v2/repository/models/secret/load", headers={"Authorization": f"Bearer {TOKEN}"},
+                            timeout=60)  # the load first waits for torch's import (seconds on a busy machine)
         assert answer.status_code == 403, answer.text
         assert "none (use pvc:// sources)" in answer.json()["error"]
+
+
+def test_a_vllm_source_outside_the_declared_folders_is_403_and_no_engine_starts(tmp_path: Path) -> None:
+    """vLLM sources skipped the file:// restriction every other framework enforced: an engine could
+    be pointed at any folder of the pod. The real worker command, with the engine command of the
+    test's vLLM stand-in, which must never run here."""
+    allowed, elsewhere = tmp_path / "allowed", tmp_path / "elsewhere" / "llm"
+    for folder in (allowed / "llm", elsewhere):
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text("{}")
+    started = tmp_path / "engine-started"
+    store = tmp_path / "store.json"
+    store.write_text(json.dumps({"models": [
+        {"id": "inside", "framework": "vllm", "task": "text-generation", "source": f"file://{allowed}/llm", "memory": "64Mi"},
+        {"id": "outside", "framework": "vllm", "task": "text-generation", "source": f"file://{elsewhere}", "memory": "64Mi"},
+    ]}))
+    env = {"HOTSET_API_TOKEN": TOKEN, "HOTSET_FILE_ROOTS": str(allowed)}
+    args = ["--model-store", str(store), "--memory-budget", "1Gi", "--vllm-device-memory", "1Gi",
+            "--vllm-command", f"touch {started}"]
+    with worker_process(args, env=env) as url:
+        answer = httpx.post(url + "/v2/repository/models/outside/load", headers={"Authorization": f"Bearer {TOKEN}"},
+                            timeout=60)
+        assert answer.status_code == 403, answer.text
+        assert "outside the folders" in answer.json()["error"] and str(allowed) in answer.json()["error"]
+    assert not started.exists(), "an engine was started for a source outside the declared folders"
 
 
 @pytest.mark.triton
 def test_a_triton_backend_not_on_the_allowlist_is_403(sample_specs: dict[str, ModelSpec], tritonserver, tmp_path: Path) -> None:
     """The sample iris model runs on Triton's Python backend (its own model.py): code execution."""
-    from modelplane_worker import engine
-    from modelplane_worker.backends import Backends
-    from modelplane_worker.frameworks.base import WorkerContext
-    from modelplane_worker.manager import ModelManager
-    from modelplane_worker.metrics import WorkerMetrics
-    from modelplane_worker import api
-    from modelplane_worker.store import MemoryModelStore
-    from modelplane_worker.triton_backend import TritonBackend
+    from hotset_worker import engine
+    from hotset_worker.backends import Backends
+    from hotset_worker.frameworks.base import WorkerContext
+    from hotset_worker.manager import ModelManager
+    from hotset_worker.metrics import WorkerMetrics
+    from hotset_worker import api
+    from hotset_worker.store import MemoryModelStore
+    from hotset_worker.triton_backend import TritonBackend
 
     folder = tmp_path / "iris"
     shutil.copytree(Path(sample_specs["iris"].source.removeprefix("file://")), folder)

@@ -1,6 +1,6 @@
 """vllm models: one engine process per model, started by its load and stopped by its unload or eviction.
 
-The engines here are the test-only stand-in (modelplane_testing/standin_vllm.py),
+The engines here are the test-only stand-in (hotset_testing/standin_vllm.py),
 started through the worker's ``--vllm-command`` exactly as vLLM's server
 would be: what is proven is the worker's side (processes, flags, memory
 shares, LoRA bookkeeping, forwarding), not vLLM itself.
@@ -20,14 +20,14 @@ import openai
 import psutil
 import pytest
 
-from modelplane_testing.polling import wait_for
-from modelplane_testing.processes import REPO
-from modelplane_testing.worker_server import worker_process
+from hotset_testing.polling import wait_for
+from hotset_testing.processes import REPO
+from hotset_testing.worker_server import worker_process
 
 sys.path.insert(0, str(REPO / "scripts"))
 import local_stack  # noqa: E402
 
-STANDIN = REPO / "tests" / "modelplane_testing" / "standin_vllm.py"
+STANDIN = REPO / "tests" / "hotset_testing" / "standin_vllm.py"
 MiB = 2**20
 ADAPTER_BYTES = 3 * MiB
 
@@ -93,6 +93,18 @@ def engines(worker: local_stack.Process) -> dict[str, psutil.Process]:
     return found
 
 
+def exited(engine: psutil.Process) -> bool:
+    """Whether an engine process has finished exiting (gone, or a zombie its parent has yet to reap).
+
+    A process mid-exit has already dropped its command line (so `engines` no longer lists it) while its
+    state still reads running for a few milliseconds; the check waits through that window.
+    """
+    try:
+        return not engine.is_running() or engine.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
 def engine_state(process: psutil.Process) -> dict:
     argv = process.cmdline()
     return httpx.get(f"http://127.0.0.1:{argv[argv.index('--port') + 1]}/standin/state", timeout=5).json()
@@ -128,7 +140,7 @@ def test_a_model_is_an_engine_process_started_by_its_load_and_stopped_by_its_unl
     assert state["enable_lora"] and state["max_model_len"] == 512  # engineArgs as vLLM's flags
     assert copies(worker)["llm"]["bytes"] == 256 * MiB  # its share of the device, not a model count
     unload(worker, "llm")
-    assert not psutil.pid_exists(engine.pid) or engine.status() == psutil.STATUS_ZOMBIE
+    wait_for(lambda: exited(engine), "the unloaded engine's process to exit", timeout=10)
     assert engines(worker) == {} and "llm" not in copies(worker)
 
 
@@ -146,7 +158,7 @@ def test_a_full_budget_stops_one_engine_to_start_another(worker, client) -> None
     after = wait_for(lambda: (found if len(found := engines(worker)) == 2 else None), "one engine to stop", timeout=30)
     assert "third" in after
     (gone,) = set(first) - set(after)
-    assert not psutil.pid_exists(first[gone].pid) or first[gone].status() == psutil.STATUS_ZOMBIE
+    wait_for(lambda: exited(first[gone]), "the evicted engine's process to exit", timeout=10)
     assert sum(c["bytes"] for c in copies(worker).values() if c["state"] == "READY") <= 600 * MiB
 
 

@@ -6,10 +6,10 @@ import asyncio
 import pytest
 from fastapi.testclient import TestClient
 
-from modelplane_common import errors
-from modelplane_testing import ballast_framework as ballast
-from modelplane_testing.ballast_framework import MiB
-from modelplane_testing.worker_server import ballast_app
+from hotset_common import errors
+from hotset_testing import ballast_framework as ballast
+from hotset_testing.ballast_framework import MiB
+from hotset_testing.worker_server import ballast_app
 
 
 @pytest.fixture(autouse=True)
@@ -58,4 +58,4 @@ def test_status_names_the_warm_up_failure_and_the_metric_records_warm_ups(tmp_pa
         copies = {c["id"]: c for c in client.get("/status").json()["models"]}
         assert copies["bad"]["state"] == "FAILED" and copies["bad"]["failure"] == "WarmupFailed"
         metrics = client.get("/metrics").text
-        assert 'modelplane_model_warmup_seconds_count{framework="torchvision",model="good",pod="test-pod"} 1.0' in metrics
+        assert 'hotset_model_warmup_seconds_count{framework="torchvision",model="good",pod="test-pod"} 1.0' in metrics

@@ -1,4 +1,4 @@
-"""The worker's options come from flags or MODELPLANE_* variables (how the operator sets pods up)."""
+"""The worker's options come from flags or HOTSET_* variables (how the operator sets pods up)."""
 from __future__ import annotations
 
 import json
@@ -7,28 +7,28 @@ from pathlib import Path
 import httpx
 import pytest
 
-from modelplane_testing.worker_server import serve_in_thread, wait_until
-from modelplane_worker import main
+from hotset_testing.worker_server import serve_in_thread, wait_until
+from hotset_worker import main
 
 
 def test_every_option_can_come_from_the_environment() -> None:
     env = {
-        "MODELPLANE_MODEL_STORE": "/etc/models.json",
-        "MODELPLANE_HOST": "0.0.0.0",
-        "MODELPLANE_PORT": "9000",
-        "MODELPLANE_MEMORY_BUDGET": "2Gi",
-        "MODELPLANE_MAX_MODELS": "3",
-        "MODELPLANE_TRITON_URL": "127.0.0.1:8000",
-        "MODELPLANE_TRITON_REPOSITORY": "/models",
-        "MODELPLANE_POD_NAME": "pod-7",
-        "MODELPLANE_PINNED_MODELS": "a, b",
-        "MODELPLANE_MAX_BODY_BYTES": "1Mi",
-        "MODELPLANE_SOURCE_ROOTS": "models=/mnt/models,extra=/mnt/extra",
-        "MODELPLANE_MIN_RESIDENCY_S": "2.5",
-        "MODELPLANE_FAILED_LOAD_BACKOFF_S": "0.5",
-        "MODELPLANE_VLLM_COMMAND": "/opt/vllm/bin/python -m vllm.entrypoints.openai.api_server",
-        "MODELPLANE_VLLM_DEVICE_MEMORY": "80Gi",
-        "MODELPLANE_VLLM_START_TIMEOUT_S": "900",
+        "HOTSET_MODEL_STORE": "/etc/models.json",
+        "HOTSET_HOST": "0.0.0.0",
+        "HOTSET_PORT": "9000",
+        "HOTSET_MEMORY_BUDGET": "2Gi",
+        "HOTSET_MAX_MODELS": "3",
+        "HOTSET_TRITON_URL": "127.0.0.1:8000",
+        "HOTSET_TRITON_REPOSITORY": "/models",
+        "HOTSET_POD_NAME": "pod-7",
+        "HOTSET_PINNED_MODELS": "a, b",
+        "HOTSET_MAX_BODY_BYTES": "1Mi",
+        "HOTSET_SOURCE_ROOTS": "models=/mnt/models,extra=/mnt/extra",
+        "HOTSET_MIN_RESIDENCY_S": "2.5",
+        "HOTSET_FAILED_LOAD_BACKOFF_S": "0.5",
+        "HOTSET_VLLM_COMMAND": "/opt/vllm/bin/python -m vllm.entrypoints.openai.api_server",
+        "HOTSET_VLLM_DEVICE_MEMORY": "80Gi",
+        "HOTSET_VLLM_START_TIMEOUT_S": "900",
     }
     settings = main.parse_settings([], env)
     assert settings == main.Settings(
@@ -42,7 +42,7 @@ def test_every_option_can_come_from_the_environment() -> None:
 
 
 def test_flags_win_over_the_environment() -> None:
-    env = {"MODELPLANE_MODEL_STORE": "/env.json", "MODELPLANE_MEMORY_BUDGET": "1Gi", "MODELPLANE_TRITON_URL": "x:1"}
+    env = {"HOTSET_MODEL_STORE": "/env.json", "HOTSET_MEMORY_BUDGET": "1Gi", "HOTSET_TRITON_URL": "x:1"}
     settings = main.parse_settings(
         ["--model-store", "/flag.json", "--memory-budget", "512Mi", "--triton-url", "", "--source-root", "c=/p"], env
     )
@@ -74,3 +74,32 @@ def test_a_pinned_model_missing_from_the_store_keeps_the_pod_unready_naming_it(t
         ready = httpx.get(f"{url}/v2/health/ready")
         assert ready.status_code == 503 and ready.json()["pinned_not_loaded"] == ["ghost"]
         assert httpx.get(f"{url}/v2/health/live").status_code == 200
+
+
+GiB = 2**30
+
+
+@pytest.mark.parametrize(("total", "share"), [(8 * GiB, 0.775), (16 * GiB, 0.8375), (80 * GiB, 0.8875)])
+def test_the_default_gpu_budget_leaves_a_reserve_that_fits_small_gpus(total: int, share: float) -> None:
+    """90% of the device, the old default, left 0.8 GiB of an 8 GiB GPU for everything but weights."""
+    from hotset_worker import memory
+
+    budget, cut = memory.gpu_model_budget(total, None)
+    assert cut == "" and budget / total == pytest.approx(share, abs=1e-6)
+    assert total - budget >= GiB + total // 10 - 1
+
+
+def test_a_budget_the_gpu_cannot_hold_is_cut_to_what_it_can_and_says_so() -> None:
+    from hotset_worker import memory
+
+    budget, cut = memory.gpu_model_budget(16 * GiB, 16 * GiB)  # the chart's 16Gi on a 16 GB GPU
+    assert budget == memory.gpu_model_budget(16 * GiB, None)[0]
+    assert "16.0Gi does not fit this GPU" in cut and "--gpu-reserve" in cut
+    assert memory.gpu_model_budget(16 * GiB, 10 * GiB) == (10 * GiB, "")  # one that fits stays
+    assert memory.gpu_model_budget(16 * GiB, 16 * GiB, reserve=0) == (16 * GiB, "")  # an explicit reserve wins
+
+
+def test_the_gpu_reserve_comes_from_a_flag_or_the_environment() -> None:
+    assert main.parse_settings(["--model-store", "s.json"], {"HOTSET_GPU_RESERVE": "3Gi"}).gpu_reserve == 3 * GiB
+    assert main.parse_settings(["--model-store", "s.json", "--gpu-reserve", "0"], {}).gpu_reserve == 0
+    assert main.parse_settings(["--model-store", "s.json"], {}).gpu_reserve is None

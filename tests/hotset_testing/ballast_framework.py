@@ -18,18 +18,24 @@ from typing import Any
 
 import numpy as np
 
-from modelplane_common import errors
-from modelplane_common.spec import ModelSpec
-from modelplane_worker.frameworks import sources
-from modelplane_worker.manager import ModelManager
-from modelplane_worker.store import MemoryModelStore
-from modelplane_worker.frameworks.base import FrameworkWorker, TensorSpec, WorkerContext
+from hotset_common import errors
+from hotset_common.spec import ModelSpec
+from hotset_worker.frameworks import sources
+from hotset_worker.manager import ModelManager
+from hotset_worker.store import MemoryModelStore
+from hotset_worker.frameworks.base import FrameworkWorker, Rows, RowsResult, TensorSpec, WorkerContext
 
 _loads_lock = threading.Lock()
 ATTEMPTS: collections.Counter[str] = collections.Counter()  # load() calls, failed ones included
 LOADS: collections.Counter[str] = collections.Counter()  # loads that read a valid file
 UNLOADS: collections.Counter[str] = collections.Counter()
 EVENTS: list[str] = []  # "load:a", "unload:a", in the order they finished
+FORWARDS: list[tuple[str, list[int]]] = []  # batched passes: (model, rows of each request in it)
+FORWARD_GATE = threading.Event()  # cleared: every batched pass waits for it (tests hold a pass running)
+FORWARD_GATE.set()
+FORWARD_STARTED = threading.Event()  # set when a batched pass starts (before it waits at the gate)
+STARTED: list[tuple[str, list[int]]] = []  # batched passes as they start (before the gate)
+POISON = -1  # a value a single request may carry: its forward pass raises (a batch then runs its requests alone)
 
 
 def write_model(folder: Path, size: int, load_delay_s: float = 0.0, factor: float = 2.0, predict_delay_s: float = 0.0) -> Path:
@@ -44,6 +50,10 @@ def reset_counters() -> None:
         for counter in (ATTEMPTS, LOADS, UNLOADS):
             counter.clear()
         EVENTS.clear()
+        FORWARDS.clear()
+        STARTED.clear()
+    FORWARD_GATE.set()
+    FORWARD_STARTED.clear()
 
 
 def make_spec(model_id: str, folder: Path, memory: int | str = 0, **extra: Any) -> ModelSpec:
@@ -98,6 +108,40 @@ class BallastWorker(FrameworkWorker):
             self.predicting.clear()
         return {"model": self.spec.id, "scaled": [x * self._factor for x in input_data]}
 
+    # Dynamic batching (only for specs that ask for it: ballast specs have no task default).
+    def batchable(self) -> bool:
+        return True
+
+    def rows_for_predict(self, input_data: Any) -> Rows:
+        if not isinstance(input_data, list) or not all(isinstance(x, (int, float)) for x in input_data):
+            raise errors.BadInput("input_data must be a list of numbers")
+        model = self.spec.id
+        return Rows(len(input_data) or 1, list(input_data),
+                    lambda result: {"model": model, "scaled": result.values.tolist()})
+
+    def rows_for_infer(self, inputs: dict[str, np.ndarray], parameters: dict[str, Any]) -> Rows:
+        tensor = inputs.get("INPUT0")
+        if tensor is None or tensor.dtype != np.float32:
+            raise errors.BadInput(f"model {self.spec.id!r} expects one FP32 input 'INPUT0', got {sorted(inputs)}")
+        model = self.spec.id.encode()
+        return Rows(int(tensor.shape[0]) if tensor.ndim else 1, tensor.reshape(-1).tolist(),
+                    lambda result: {"OUTPUT0": result.values.astype(np.float32),
+                                    "MODEL": np.array([model], dtype=np.object_)})
+
+    def forward(self, batch: list[Rows]) -> list[RowsResult]:
+        with _loads_lock:
+            STARTED.append((self.spec.id, [rows.count for rows in batch]))
+        FORWARD_STARTED.set()
+        FORWARD_GATE.wait(timeout=30)
+        with _loads_lock:
+            FORWARDS.append((self.spec.id, [rows.count for rows in batch]))
+        if self._data is None:
+            raise RuntimeError(f"{self.spec.id} was unloaded during forward()")
+        if any(POISON in rows.payload for rows in batch):
+            raise RuntimeError("a poisoned row")
+        time.sleep(self._predict_delay_s)
+        return [RowsResult(np.asarray(rows.payload, dtype=np.float64) * self._factor) for rows in batch]
+
     def infer(self, inputs: dict[str, np.ndarray], parameters: dict[str, Any]) -> dict[str, np.ndarray]:
         tensor = inputs.get("INPUT0")
         if tensor is None:
@@ -136,7 +180,8 @@ MiB = 2**20
 def catalog(root: Path, models: dict[str, dict[str, Any]]) -> MemoryModelStore:
     """A store of ballast models: ``{"a": {"size": MiB, "delay": 0.2, "memory": "1Mi", "pinned": True}}``.
 
-    ``"predict_delay"`` makes each predict() take that long; ``"warmup"`` lists the spec's warm-up inputs. A model with ``"missing": True`` has no file; ``"corrupt": True`` has a broken one.
+    ``"batching"`` is the spec's (``{"maxBatchSize": 8, "maxDelayMs": 5}``: requests then share passes);
+    ``"predict_delay"`` makes each predict() (and batched pass) take that long; ``"warmup"`` lists the spec's warm-up inputs. A model with ``"missing": True`` has no file; ``"corrupt": True`` has a broken one.
     """
     store = MemoryModelStore()
     for model_id, options in models.items():
@@ -150,8 +195,9 @@ def catalog(root: Path, models: dict[str, dict[str, Any]]) -> MemoryModelStore:
             write_model(
                 folder, options.get("size", MiB), options.get("delay", 0.0), options.get("factor", 2.0), options.get("predict_delay", 0.0)
             )
+        extra = {"batching": options["batching"]} if "batching" in options else {}
         store.put(make_spec(model_id, folder, memory=options.get("memory", 0), pinned=options.get("pinned", False),
-                            warmup=options.get("warmup", [])))
+                            warmup=options.get("warmup", []), **extra))
     return store
 
 

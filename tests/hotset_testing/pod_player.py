@@ -4,13 +4,12 @@ The real control plane of ``kube_cluster`` has no kubelet: pods are created by
 the real controller-manager and bound by the real scheduler to a Node the
 player registers, but nothing runs them. The player does, for worker pods:
 
-- a pod bound to its node gets a real ``modelplane-worker`` process serving
+- a pod bound to its node gets a real ``hotset-worker`` process serving
   the test-only ballast framework (``tests/router/ballast_worker_main.py``),
   on a loopback address of its own (127.0.x.y, the pod IP) and the one worker
-  port, with the pod's own settings: its model store (the ConfigMap key its
-  ``model-store`` volume mounts, rewritten when the ConfigMap changes, as the
-  kubelet refreshes a ConfigMap volume), pinned models and memory budget from
-  its environment;
+  port, with the pod's own settings from its environment: the operator's
+  catalog feed it follows (``HOTSET_CATALOG_URL``), pinned models and memory
+  budget;
 - once the worker answers ``/v2/health/ready``, the pod's status says
   Running and Ready with that IP (a kubelet's status update);
 - a pod being deleted gets SIGTERM (the worker drains), then its Pod object
@@ -24,7 +23,6 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
-import json
 import logging
 import socket
 import sys
@@ -34,13 +32,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from modelplane_testing import processes
-from modelplane_testing.kube_cluster import KubeCluster, register_node
+from hotset_testing import processes
+from hotset_testing.kube_cluster import KubeCluster, register_node
 
 log = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parents[2]
 BALLAST_LAUNCHER = [sys.executable, str(ROOT / "tests" / "router" / "ballast_worker_main.py")]
-SELECTOR = "app.kubernetes.io/part-of=modelplane,app.kubernetes.io/component=worker"
+SELECTOR = "app.kubernetes.io/part-of=hotset,app.kubernetes.io/component=worker"
 
 
 @dataclass
@@ -48,9 +46,6 @@ class PlayedPod:
     namespace: str
     name: str
     ip: str
-    store: Path
-    configmap: str
-    key: str
     process: processes.Process | None = None
     ready_at: float = 0.0
     started_at: float = field(default_factory=time.monotonic)
@@ -98,7 +93,7 @@ class PodPlayer:
         # Other tests of the session leave Nodes with no kubelet behind them; the scheduler spreads
         # pods over every Ready node, so a pod bound there would never run. Cordoned while this plays.
         self._cordoned = self._cordon_others()
-        for target in (self._watch_pods, self._refresh_stores, self._heartbeats):
+        for target in (self._watch_pods, self._heartbeats):
             thread = threading.Thread(target=target, name=f"pod-player-{target.__name__}", daemon=True)
             thread.start()
             self._threads.append(thread)
@@ -181,14 +176,9 @@ class PodPlayer:
             threading.Thread(target=self._start, args=(played, pod), daemon=True).start()
 
     def _admit(self, pod: Any) -> PlayedPod:
-        volume = next(v for v in pod.spec.volumes if v.name == "model-store")
-        folder = self.workdir / pod.metadata.namespace / pod.metadata.name
-        folder.mkdir(parents=True, exist_ok=True)
         with self._lock:
-            played = PlayedPod(pod.metadata.namespace, pod.metadata.name, self._allocate_ip(), folder / "models.json",
-                               volume.config_map.name, volume.config_map.items[0].key)
+            played = PlayedPod(pod.metadata.namespace, pod.metadata.name, self._allocate_ip())
             self._pods[(played.namespace, played.name)] = played
-        self._write_store(played)
         return played
 
     def _env(self, pod: Any) -> dict[str, str]:
@@ -199,9 +189,9 @@ class PodPlayer:
         if self._stop.wait(self.start_delay_s):
             return
         env = self._env(pod)
-        argv = [*BALLAST_LAUNCHER, "--model-store", str(played.store), "--host", played.ip, "--port", str(self.port),
-                "--memory-budget", env.get("MODELPLANE_MEMORY_BUDGET", "1Gi"), "--pod-name", played.name,
-                "--pinned", env.get("MODELPLANE_PINNED_MODELS", ""), "--triton-url", "",
+        argv = [*BALLAST_LAUNCHER, "--catalog-url", env["HOTSET_CATALOG_URL"], "--host", played.ip, "--port", str(self.port),
+                "--memory-budget", env.get("HOTSET_MEMORY_BUDGET", "1Gi"), "--pod-name", played.name,
+                "--pinned", env.get("HOTSET_PINNED_MODELS", ""), "--triton-url", "",
                 "--source-root", f"models={self.source_root}", "--min-residency-s", "0", *self.extra_args]
         process = processes.spawn(played.name, argv, self.workdir / f"{played.namespace}-{played.name}.log",
                                   url=f"http://{played.ip}:{self.port}")
@@ -275,32 +265,3 @@ class PodPlayer:
                 self._heartbeat()
             except Exception as exc:  # the next beat tries again
                 log.warning("node heartbeat: %s", exc)
-
-    # --- ConfigMap volumes ---------------------------------------------------------------------
-
-    def _write_store(self, played: PlayedPod) -> None:
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            configmap = self._core.read_namespaced_config_map(played.configmap, played.namespace)
-        except ApiException as exc:
-            if exc.status == 404:
-                return
-            raise
-        document = (configmap.data or {}).get(played.key)
-        if document is None:
-            document = json.dumps({"models": []})
-        if not played.store.exists() or played.store.read_text() != document:
-            partial = played.store.with_suffix(".tmp")
-            partial.write_text(document)
-            partial.replace(played.store)  # the worker never reads half a file
-
-    def _refresh_stores(self) -> None:
-        while not self._stop.wait(0.5):  # the kubelet's periodic ConfigMap volume sync, made quick
-            with self._lock:
-                played = list(self._pods.values())
-            for pod in played:
-                try:
-                    self._write_store(pod)
-                except Exception as exc:  # the next sync tries again
-                    log.warning("model store of %s: %s", pod.name, exc)

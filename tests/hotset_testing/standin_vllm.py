@@ -4,7 +4,7 @@ It takes the command line the worker gives a real engine (``--model``,
 ``--served-model-name``, ``--port``, ``--gpu-memory-utilization``,
 ``--enable-lora``, ``--max-loras``, ``--max-model-len``...; other flags are
 accepted and ignored) and answers the parts of vLLM's HTTP API that
-modelplane uses: ``/health``, ``/v1/models``, completions and chat
+hotset uses: ``/health``, ``/v1/models``, completions and chat
 completions (streamed or whole), and runtime LoRA loading
 (``/v1/load_lora_adapter``, ``/v1/unload_lora_adapter``, refused unless
 ``--enable-lora`` and ``VLLM_ALLOW_RUNTIME_LORA_UPDATING`` are set, as vLLM
@@ -35,7 +35,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
-from modelplane_common import openai_wire
+from hotset_common import openai_wire
 
 WORDS = "the engine streams one word at a time so that every gap between two chunks can be measured".split()
 

@@ -1,0 +1,158 @@
+"""The source fetcher against a real S3 server (MinIO), in process: downloads, progress, deadlines,
+interrupted transfers, and one download however many loads (threads or processes) want it."""
+from __future__ import annotations
+
+import concurrent.futures
+import multiprocessing
+import re
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+
+from hotset_common import errors
+from hotset_common.spec import ModelSpec
+from hotset_testing import s3_server
+from hotset_testing.cutting_proxy import CuttingProxy
+from hotset_worker.sources.cache import ContentCache
+from hotset_worker.sources.credentials import Credentials
+from hotset_worker.sources.fetcher import SourceFetcher
+from hotset_worker.sources.plan import SourceSettings
+
+pytestmark = pytest.mark.slow
+SECRET = "keys"
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    try:
+        s3_server.minio_binary()
+    except s3_server.ServerMissing as exc:
+        pytest.fail(str(exc), pytrace=False)
+    with s3_server.running(tmp_path_factory.mktemp("minio")) as server:
+        server.make_bucket("models")
+        yield server
+
+
+@pytest.fixture(scope="module")
+def big_model(s3, tmp_path_factory) -> int:
+    """A 24 MiB 'model' (two weight files and a config), uploaded once."""
+    folder = tmp_path_factory.mktemp("big")
+    (folder / "config.json").write_text('{"kind": "test"}')
+    (folder / "weights-1.bin").write_bytes(bytes(range(256)) * (12 * 4096))
+    (folder / "weights-2.bin").write_bytes(b"\x07" * (12 * 2**20))
+    return s3.upload_folder("models", "big/", folder)
+
+
+@pytest.fixture()
+def proxy(s3):
+    target = urlsplit(s3.endpoint)
+    with CuttingProxy(target.hostname, target.port).running() as running:
+        yield running
+
+
+def _fetcher(tmp_path: Path, s3, timeout_s: float = 60.0, budget: int = 2**30) -> SourceFetcher:
+    credentials = s3.credential_files(tmp_path / "credentials", SECRET)
+    return SourceFetcher(ContentCache(tmp_path / "cache", budget), SourceSettings(s3_endpoint=s3.endpoint),
+                         Credentials(credentials), load_timeout_s=timeout_s)
+
+
+def _spec(model_id: str, uri: str = "s3://models/big", **options: object) -> ModelSpec:
+    return ModelSpec(id=model_id, framework="transformers", source=uri,
+                     source_options={"secret_name": SECRET, **options})
+
+
+def _leftovers(tmp_path: Path) -> list[Path]:
+    return list((tmp_path / "cache" / "tmp").iterdir())
+
+
+def test_a_download_lands_whole_and_a_second_fetch_is_a_hit(s3, big_model, tmp_path) -> None:
+    fetcher = _fetcher(tmp_path, s3)
+    folder = fetcher.folder(_spec("big"))
+    assert sorted(p.name for p in folder.iterdir()) == ["config.json", "weights-1.bin", "weights-2.bin"]
+    assert sum(p.stat().st_size for p in folder.iterdir()) == big_model
+    assert fetcher.folder(_spec("big")) == folder  # the same entry: keyed by the listing's ETags
+    assert _leftovers(tmp_path) == []
+
+
+def test_progress_says_how_far_a_slow_download_is(s3, big_model, proxy, tmp_path) -> None:
+    proxy.rate = 8 * 2**20  # 8 MiB/s: about 3 s for the model
+    fetcher = _fetcher(tmp_path, s3)
+    spec = _spec("slow", endpoint=proxy.url)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        done = pool.submit(fetcher.folder, spec)
+        seen: list[str] = []
+        while not done.done():
+            if text := fetcher.progress("slow"):
+                seen.append(text)
+            time.sleep(0.05)
+        done.result()
+    shown = [t for t in seen if re.fullmatch(r"downloading \d+\.\d of 24\.0 MiB", t)]
+    assert shown, seen
+    assert len({t for t in shown}) >= 3  # it moved while we watched
+    assert fetcher.progress("slow") == ""
+
+
+def test_a_download_past_the_load_deadline_fails_and_the_next_starts_clean(s3, big_model, proxy, tmp_path) -> None:
+    proxy.rate = 2 * 2**20  # 12 s for the model; the deadline is 1 s
+    fetcher = _fetcher(tmp_path, s3, timeout_s=1.0)
+    started = time.monotonic()
+    with pytest.raises(errors.ModelLoadFailed, match=r"s3://models/big.*deadline passed.*nothing was kept"):
+        fetcher.folder(_spec("late", endpoint=proxy.url))
+    assert time.monotonic() - started < 5
+    assert _leftovers(tmp_path) == []
+    proxy.rate = None
+    assert _fetcher(tmp_path, s3).folder(_spec("late", endpoint=proxy.url)).is_dir()  # the same cache, a longer deadline
+
+
+def test_an_interrupted_download_fails_naming_the_object_and_leaves_nothing(s3, big_model, proxy, tmp_path) -> None:
+    proxy.cut_after(6 * 2**20)  # mid-way through the first weight file
+    fetcher = _fetcher(tmp_path, s3)
+    with pytest.raises(errors.ModelLoadFailed) as failure:
+        fetcher.folder(_spec("cut", endpoint=proxy.url))
+    message = failure.value.message
+    assert "s3://models/big" in message and "weights-1.bin" in message, message
+    assert "interrupted" in message or "truncated" in message, message
+    assert proxy.cuts == 1
+    assert _leftovers(tmp_path) == []
+    assert not any((tmp_path / "cache" / "entries").iterdir())
+    assert fetcher.folder(_spec("cut", endpoint=proxy.url)).is_dir()  # the next attempt starts clean
+
+
+def test_ten_threads_wanting_one_source_download_it_once(s3, big_model, proxy, tmp_path) -> None:
+    fetcher = _fetcher(tmp_path, s3)
+    proxy.rate = 32 * 2**20
+    specs = [_spec(f"m{i}", endpoint=proxy.url) for i in range(10)]  # ten models, one source
+    with concurrent.futures.ThreadPoolExecutor(10) as pool:
+        folders = set(pool.map(fetcher.folder, specs))
+    assert len(folders) == 1
+    info = fetcher.cache.infos()
+    assert len(info) == 1 and info[0].bytes == big_model
+
+
+def _fetch_in_another_process(cache: str, credentials: str, endpoint: str, proxy: str, out: multiprocessing.Queue) -> None:
+    fetcher = SourceFetcher(ContentCache(Path(cache), 2**30), SourceSettings(s3_endpoint=endpoint),
+                            Credentials(Path(credentials)))
+    started = time.monotonic()
+    path = fetcher.folder(_spec("other-pod", endpoint=proxy))
+    out.put((str(path), time.monotonic() - started))
+
+
+def test_two_pods_sharing_a_node_cache_download_once(s3, big_model, proxy, tmp_path) -> None:
+    proxy.rate = 16 * 2**20  # 1.5 s: the second process arrives while the first downloads
+    credentials = s3.credential_files(tmp_path / "credentials", SECRET)
+    context = multiprocessing.get_context("spawn")
+    out: multiprocessing.Queue = context.Queue()
+    processes = [context.Process(target=_fetch_in_another_process,
+                                 args=(str(tmp_path / "cache"), str(credentials), s3.endpoint, proxy.url, out))
+                 for _ in range(2)]
+    for process in processes:
+        process.start()
+    results = [out.get(timeout=120) for _ in processes]
+    for process in processes:
+        process.join(30)
+    assert len({path for path, _ in results}) == 1
+    assert len(ContentCache(tmp_path / "cache", 2**30).infos()) == 1
+    assert proxy.answered < 1.3 * big_model  # the model's bytes crossed the wire once
+    assert _leftovers(tmp_path) == []

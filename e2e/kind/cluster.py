@@ -19,10 +19,13 @@ from pathlib import Path
 from engine import CACHE, lacks_sys_resource
 from scenarios.chart import REPO
 
-CLUSTER = os.environ.get("MODELPLANE_KIND_CLUSTER", "modelplane-e2e")
+CLUSTER = os.environ.get("HOTSET_KIND_CLUSTER", "hotset-e2e")
 TAG = "e2e"
 # The router runs from the control-plane image (Dockerfile.operator) with its own command.
-IMAGES = [f"modelplane-operator:{TAG}", f"modelplane-worker:{TAG}", f"modelplane-triton-cpu:{TAG}"]
+# hotset-s3 and hotset-registry are the tier's in-cluster S3 server and OCI registry (the s3:// and
+# oci:// scenarios), not part of hotset.
+IMAGES = [f"hotset-operator:{TAG}", f"hotset-worker:{TAG}", f"hotset-triton-cpu:{TAG}", f"hotset-s3:{TAG}",
+          f"hotset-registry:{TAG}"]
 NODE_MODELS_DIR = "/models-src"
 
 # Two nodes, both schedulable (the control plane keeps no taint): each node offers the
@@ -42,12 +45,12 @@ kubeadmConfigPatches:
       taints: []
 {shim}"""
 
-# Only with the locally built node image: images named modelplane.local/*, CoreDNS from
+# Only with the locally built node image: images named hotset.local/*, CoreDNS from
 # the image's own manifest (no forward), never a pull, and kubelet on cgroup v1.
 SHIM_PATCHES = """\
   - |
     kind: ClusterConfiguration
-    imageRepository: modelplane.local
+    imageRepository: hotset.local
   - |
     kind: InitConfiguration
     skipPhases: [preflight, addon/coredns]
@@ -64,8 +67,8 @@ SHIM_PATCHES = """\
 
 
 def local_images() -> bool:
-    """True where images are built locally (no registry answers): MODELPLANE_KIND_LOCAL, else no CAP_SYS_RESOURCE."""
-    forced = os.environ.get("MODELPLANE_KIND_LOCAL")
+    """True where images are built locally (no registry answers): HOTSET_KIND_LOCAL, else no CAP_SYS_RESOURCE."""
+    forced = os.environ.get("HOTSET_KIND_LOCAL")
     return forced == "1" if forced in ("0", "1") else lacks_sys_resource()
 
 
@@ -107,7 +110,7 @@ class KindCluster:
 
 
 def build_images(timings: dict[str, float]) -> str | None:
-    """modelplane's images, and on local-image hosts the node image; returns that node image (None: kind's own)."""
+    """hotset's images, and on local-image hosts the node image; returns that node image (None: kind's own)."""
     start = time.monotonic()
     print(run(str(REPO / "scripts" / "build-images.sh"), TAG, timeout=3600), end="")
     timings["images_s"] = time.monotonic() - start
@@ -133,7 +136,7 @@ def create_cluster(workdir: Path, models_dir: Path, node_image: str | None) -> K
 
 
 def load_images(nodes: list[str]) -> None:
-    """Import modelplane's images into every node's containerd, as `kind load docker-image` does
+    """Import hotset's images into every node's containerd, as `kind load docker-image` does
     (docker save | ctr import), streamed (no temporary copy of the ~5.5 GB worker image) and with
     --discard-unpacked-layers, so each node keeps only the unpacked snapshots."""
     def load(node: str) -> None:

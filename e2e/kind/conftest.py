@@ -5,8 +5,8 @@ or start one (stopped by pid at the end); build the images; create the kind
 cluster and load the images; install the chart with helm. At the end: delete the
 cluster and its leftover cgroups, stop what was started, and fail if any host
 kernel setting changed. Where no engine can be had, every test skips with the
-reason, unless MODELPLANE_KIND_REQUIRED=1 (CI) makes that an error. Set
-MODELPLANE_KIND_KEEP=1 to keep the cluster (and the engine) for debugging.
+reason, unless HOTSET_KIND_REQUIRED=1 (CI) makes that an error. Set
+HOTSET_KIND_KEEP=1 to keep the cluster (and the engine) for debugging.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ sys.path[:0] = [str(HERE), str(HERE.parent)]
 
 from cluster import (CLUSTER, KindCluster, build_images, create_cluster, delete_cluster, load_images,  # noqa: E402
                      missing_host_dirs, remove_host_dirs, tool)
-from engine import docker_answers, docker_engine  # noqa: E402
+from engine import Engine, docker_answers, docker_engine  # noqa: E402
 from host_guard import HostSettings  # noqa: E402
 from platform_kind import KindPlatform, dump  # noqa: E402
 from scenarios.chart import REPO  # noqa: E402
@@ -50,7 +50,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     reason = why_not_runnable()
     if reason is None:
         return
-    if os.environ.get("MODELPLANE_KIND_REQUIRED") == "1":
+    if os.environ.get("HOTSET_KIND_REQUIRED") == "1":
         raise pytest.UsageError(reason.replace("skipped", "required but cannot run"))
     for item in items:
         if HERE in Path(str(item.fspath)).resolve().parents:
@@ -69,16 +69,16 @@ def host_settings() -> Iterator[HostSettings]:
 
 
 @pytest.fixture(scope="session")
-def engine(host_settings: HostSettings) -> Iterator[int | None]:
-    keep = os.environ.get("MODELPLANE_KIND_KEEP") == "1"
-    with docker_engine(keep=keep) as pid:
-        yield pid
+def engine(host_settings: HostSettings) -> Iterator[Engine]:
+    keep = os.environ.get("HOTSET_KIND_KEEP") == "1"
+    with docker_engine(keep=keep) as started:
+        yield started
 
 
 @pytest.fixture(scope="session")
-def platform(engine: int | None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KindPlatform]:
+def platform(engine: Engine, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KindPlatform]:
     models_dir = (REPO / "build" / "models").resolve()
-    subprocess.run([str(Path(sys.executable).parent / "modelplane-samples"), "--out", str(models_dir)], check=True,
+    subprocess.run([str(Path(sys.executable).parent / "hotset-samples"), "--out", str(models_dir)], check=True,
                    timeout=900, capture_output=True)
     node_image = build_images(timings)
     delete_cluster()  # a cluster left by an interrupted run
@@ -101,7 +101,7 @@ def platform(engine: int | None, tmp_path_factory: pytest.TempPathFactory) -> It
     finally:
         installed.stop_forwards()
         _state.pop("platform", None)
-        if os.environ.get("MODELPLANE_KIND_KEEP") != "1":
+        if os.environ.get("HOTSET_KIND_KEEP") != "1":
             start = time.monotonic()
             delete_cluster()
             remove_host_dirs(created_dirs)

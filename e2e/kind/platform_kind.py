@@ -1,4 +1,4 @@
-"""modelplane on the kind cluster: installed with helm, reached through kubectl port-forward.
+"""hotset on the kind cluster: installed with helm, reached through kubectl port-forward.
 
 The chart goes in as a user installs it (``helm upgrade --install`` with
 e2e/kind/values.yaml and ``--set-string`` overrides); the router and the worker
@@ -15,13 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from cluster import NODE_MODELS_DIR, KindCluster, run, tool
-from modelplane_testing.processes import free_port
+from hotset_testing.processes import free_port
 from scenarios.chart import CHART, RELEASE
 from scenarios.platform import Kube, is_true, models_volume, wait_for
 
 HERE = Path(__file__).resolve().parent
 VALUES = HERE / "values.yaml"
-NAMESPACE = "modelplane"
+NAMESPACE = "hotset"
 
 
 @dataclass
@@ -93,6 +93,18 @@ class KindPlatform:
 
     def worker_url(self, pod: str) -> str:
         return self._forward(f"pod/{pod}", 8080)
+
+    def service_url(self, service: str, port: int) -> str:
+        return self._forward(f"svc/{service}", port)
+
+    def trust_registry(self, host: str) -> None:
+        """A containerd hosts.toml on every node for `host` (plain http): the nodes' default sends
+        every other registry to a closed port (e2e/kind/node/files/hosts.toml)."""
+        toml = f'server = "http://{host}"\n[host."http://{host}"]\n  capabilities = ["pull", "resolve"]\n'
+        for node in self.cluster.nodes():
+            run("docker", "exec", "-i", node, "sh", "-c",
+                f"mkdir -p /etc/containerd/certs.d/{host} && cat > /etc/containerd/certs.d/{host}/hosts.toml",
+                input=toml, timeout=60)
 
     def kill_container(self, pod: str, container: str) -> None:
         """SIGTERM to the container's PID 1 (the kernel ignores SIGKILL to a namespace's init from inside)."""

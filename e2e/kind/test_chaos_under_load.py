@@ -1,5 +1,5 @@
 """Chaos under load on the kind tier (e2e/scenarios/chaos.py): a benchmark that prints its table, run
-with MODELPLANE_CHAOS=1 (`MODELPLANE_CHAOS=1 .venv/bin/pytest -q -s e2e/kind/test_chaos_under_load.py`);
+with HOTSET_CHAOS=1 (`HOTSET_CHAOS=1 .venv/bin/pytest -q -s e2e/kind/test_chaos_under_load.py`);
 figures in docs/reliability.md. It asserts only what must hold: a dead worker or sidecar, or the
 operator, costs no request of a model with two copies."""
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 
 from scenarios import chaos
 
-pytestmark = pytest.mark.skipif(os.environ.get("MODELPLANE_CHAOS") != "1",
-                                reason="a benchmark (minutes): MODELPLANE_CHAOS=1 runs it")
+pytestmark = pytest.mark.skipif(os.environ.get("HOTSET_CHAOS") != "1",
+                                reason="a benchmark (minutes): HOTSET_CHAOS=1 runs it")
 
 
 def test_chaos_under_load(platform, sm_kube) -> None:

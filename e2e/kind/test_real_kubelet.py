@@ -9,6 +9,7 @@ rolling the pool under load, and apply-to-Ready on real pods.
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import subprocess
 import threading
 import time
@@ -23,8 +24,8 @@ from conftest import timings
 from platform_kind import KindPlatform
 from scenarios.inputs import check_predictions, payload, predict
 from scenarios.platform import Kube, is_true, sample, wait_for
-from scenarios.served_models import (POOL_SELECTOR, TRITON_CONTAINER, WORKER_CONTAINER, predict_ok, ready_copies,
-                                     router_models, router_sees_ready, status_copies)
+from scenarios.served_models import (POOL_SELECTOR, REGISTRY, TRITON_CONTAINER, WORKER_CONTAINER, predict_ok,
+                                     ready_copies, router_models, router_sees_ready, status_copies)
 
 ROUTER_SELECTOR = "app.kubernetes.io/component=router"
 OPERATOR_SELECTOR = "app.kubernetes.io/component=operator"
@@ -60,7 +61,7 @@ def in_cluster_get(platform: KindPlatform, url: str) -> str:
 
 def router_endpoints(platform: KindPlatform) -> list[dict[str, Any]]:
     """The router Service's endpoints, from its EndpointSlices."""
-    slices = platform.kube.items("endpointslices", "-l", "kubernetes.io/service-name=modelplane-router")
+    slices = platform.kube.items("endpointslices", "-l", "kubernetes.io/service-name=hotset-router")
     return [e for s in slices for e in s.get("endpoints") or []]
 
 
@@ -77,16 +78,18 @@ def test_nothing_a_cluster_runs_can_leave_the_machine(platform: KindPlatform, ki
     corefile = yaml.safe_load(kind_cluster.kubectl("get", "configmap", "coredns", "-n", "kube-system", "-o",
                                                    "yaml").stdout)["data"]["Corefile"]
     assert "forward" not in corefile and "loop" not in corefile, corefile
-    answer = in_cluster_get(platform, "http://modelplane-router.modelplane.svc.cluster.local/v2/health/ready")
+    answer = in_cluster_get(platform, "http://hotset-router.hotset.svc.cluster.local/v2/health/ready")
     assert answer == "200", answer
     started = time.monotonic()
     outside = in_cluster_get(platform, "http://registry.invalid/")
     assert "URLError" in outside and time.monotonic() - started < 10, outside
     for node in kind_cluster.nodes():
         rules = node_exec(node, "iptables", "-t", "mangle", "-S").stdout
-        assert "-A POSTROUTING -o eth0 -j MODELPLANE-EGRESS" in rules and "-A MODELPLANE-EGRESS -j DROP" in rules, rules
-    events = kind_cluster.kubectl("get", "events", "-A", "-o", "json").stdout
-    assert '"reason": "Pulling"' not in events
+        assert "-A POSTROUTING -o eth0 -j HOTSET-EGRESS" in rules and "-A HOTSET-EGRESS -j DROP" in rules, rules
+    events = json.loads(kind_cluster.kubectl("get", "events", "-A", "-o", "json").stdout)["items"]
+    # The one pull allowed is from the registry the tier runs inside the cluster (models packaged as images).
+    pulls = [e["message"] for e in events if e.get("reason") == "Pulling"]
+    assert all(f'"{REGISTRY}/' in message for message in pulls), pulls
 
 
 def test_router_service_endpoints_follow_worker_readiness(platform: KindPlatform, kind_cluster: KindCluster) -> None:
@@ -96,20 +99,22 @@ def test_router_service_endpoints_follow_worker_readiness(platform: KindPlatform
     wait_for("the router's endpoints ready", lambda: router_endpoints(platform) and all(
         e["conditions"].get("ready") for e in router_endpoints(platform)), 60)
     assert {a for e in router_endpoints(platform) for a in e["addresses"]} == routers
-    assert in_cluster_get(platform, "http://modelplane-router.modelplane.svc/v2/health/ready") == "200"
+    assert in_cluster_get(platform, "http://hotset-router.hotset.svc/v2/health/ready") == "200"
     nodes = kind_cluster.nodes()
-    for node in nodes:  # freeze every Triton sidecar: no worker pod stays ready
-        node_exec(node, "pkill", "-STOP", "-x", "tritonserver", check=False)
+    # Freeze every worker process: no worker pod stays ready. (Freezing Triton no longer does: a
+    # pod whose Triton is down keeps serving its other models and stays ready, issue 18.)
+    for node in nodes:
+        node_exec(node, "pkill", "-STOP", "-f", "bin/hotset-worker", check=False)
     try:
         wait_for("every pool pod unready", lambda: not any(is_true(p, "Ready") for p in kube.worker_pods(POOL_SELECTOR)),
                  120, interval=1.0)
         wait_for("the router's endpoint not ready", lambda: router_endpoints(platform) and not any(
             e["conditions"].get("ready") for e in router_endpoints(platform)), 120, interval=1.0)
-        answer = in_cluster_get(platform, "http://modelplane-router.modelplane.svc/v2/health/ready")
+        answer = in_cluster_get(platform, "http://hotset-router.hotset.svc/v2/health/ready")
         assert answer != "200", answer
     finally:
         for node in nodes:
-            node_exec(node, "pkill", "-CONT", "-x", "tritonserver", check=False)
+            node_exec(node, "pkill", "-CONT", "-f", "bin/hotset-worker", check=False)
     wait_for("the router's endpoint ready again", lambda: router_endpoints(platform) and all(
         e["conditions"].get("ready") for e in router_endpoints(platform)), 180, interval=1.0)
     wait_for("pool pods Ready again", lambda: all(is_true(p, "Ready") for p in kube.worker_pods(POOL_SELECTOR)), 120)
@@ -170,7 +175,7 @@ def test_operator_restarted_mid_reconcile_converges(platform: KindPlatform) -> N
     body["metadata"]["name"] = model
     body["spec"].update(placement="dedicated", replicas={"min": 2, "max": 2})
     old = {p["metadata"]["name"] for p in kube.items("pods", "-l", OPERATOR_SELECTOR)}
-    selector = f"app.kubernetes.io/component=worker,modelplane.io/servedmodel={model}"
+    selector = f"app.kubernetes.io/component=worker,hotset.io/servedmodel={model}"
     kube.apply([body])
     try:
         platform.kubectl.kubectl("delete", "pod", "-n", platform.namespace, "-l", OPERATOR_SELECTOR, "--wait=false",
@@ -216,7 +221,7 @@ def test_network_policy_is_enforced(platform: KindPlatform) -> None:
     """kube-router enforces NetworkPolicy: a deny-all ingress policy stops pod-to-pod traffic, removing it restores it."""
     kube = Kube(platform.cluster, "netpol-check")
     platform.kubectl.kubectl("create", "namespace", "netpol-check", check=False)
-    image = f"modelplane-operator:{TAG}"
+    image = f"hotset-operator:{TAG}"
     server = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "server", "labels": {"app": "server"}},
               "spec": {"containers": [{"name": "http", "image": image, "imagePullPolicy": "Never",
                                        "command": ["python3", "-m", "http.server", "8080"],
@@ -256,7 +261,7 @@ def test_helm_upgrade_rolls_the_pool_without_failed_requests(platform: KindPlatf
     new_tag = f"{TAG}-rolled"  # a new tag for the same content, made in every node's containerd
     for node in platform.cluster.nodes():
         node_exec(node, "ctr", "--namespace=k8s.io", "images", "tag", "--force",
-                  f"docker.io/library/modelplane-worker:{TAG}", f"docker.io/library/modelplane-worker:{new_tag}")
+                  f"docker.io/library/hotset-worker:{TAG}", f"docker.io/library/hotset-worker:{new_tag}")
     old_pods = {p["metadata"]["name"] for p in kube.worker_pods(POOL_SELECTOR)}
     stop = threading.Event()
     codes: list[int] = []

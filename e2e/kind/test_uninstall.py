@@ -1,9 +1,8 @@
-"""helm uninstall leaves nothing of modelplane behind but its CRD; runs last.
+"""helm uninstall leaves nothing of hotset behind but its CRD; runs last.
 
-ServedModels are deleted first, as docs/operator.md tells users to: their
-finalizers need the operator. What the operator made itself (the shared pool's
-Deployment and the model-store ConfigMap) is owned by the operator's Deployment,
-so Kubernetes removes it with the release.
+ServedModels are deleted first, as docs/operator.md tells users to. What the
+operator made itself (the shared pool's WorkerPool and Deployment) is owned by
+the operator's Deployment, so Kubernetes removes it with the release.
 """
 from __future__ import annotations
 
@@ -29,11 +28,11 @@ def test_helm_uninstall_leaves_only_the_crd(platform: KindPlatform) -> None:
     platform.kubectl.kubectl("delete", "servedmodels", "--all", "-n", platform.namespace, "--timeout=180s",
                              timeout=200)
     platform.helm("uninstall", RELEASE, "--wait", "--timeout", "180s", timeout=240)
-    wait_for("nothing of modelplane left in its namespace", lambda: not remaining(platform), 180, interval=2.0,
+    wait_for("nothing of hotset left in its namespace", lambda: not remaining(platform), 180, interval=2.0,
              show=lambda: remaining(platform))
     crds = platform.kubectl.kubectl("get", "crd", "-o", "name").stdout.split()
-    assert "customresourcedefinition.apiextensions.k8s.io/servedmodels.modelplane.io" in crds
+    assert "customresourcedefinition.apiextensions.k8s.io/servedmodels.hotset.io" in crds
     leftovers = [r for r in platform.kubectl.kubectl("get", "clusterroles,clusterrolebindings", "-o", "name").stdout.split()
-                 if "modelplane" in r]
+                 if "hotset" in r]
     assert not leftovers, leftovers
     assert not kube.items("pods")

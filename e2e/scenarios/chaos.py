@@ -5,7 +5,7 @@ kubelet. Per event: requests during it, the failed ones, how long the
 failure was visible (kill to last failed request) and how long until both copies were Ready again.
 
 A benchmark, not a pass/fail scenario: e2e/kind/test_chaos_under_load.py runs it when
-MODELPLANE_CHAOS=1 and prints the table (docs/reliability.md).
+HOTSET_CHAOS=1 and prints the table (docs/reliability.md).
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from scenarios.platform import Kube, Platform, is_true, sample, wait_for
 from scenarios.served_models import router_sees_ready
 
 MODEL = "chaos-sentiment"
-SELECTOR = f"app.kubernetes.io/component=worker,modelplane.io/servedmodel={MODEL}"
+SELECTOR = f"app.kubernetes.io/component=worker,hotset.io/servedmodel={MODEL}"
 
 
 class Stream:
@@ -79,7 +79,7 @@ def chaos_under_load(platform: Platform, kube: Kube, rps: float = 10.0, settle_s
     try:
         time.sleep(settle_s)
         pods = sorted(p["metadata"]["name"] for p in kube.worker_pods(SELECTOR))
-        events = [("worker container", pods[0], "modelplane-worker"), ("Triton sidecar", pods[1], "triton"),
+        events = [("worker container", pods[0], "hotset-worker"), ("Triton sidecar", pods[1], "triton"),
                   ("router", _pod_of(kube, "app.kubernetes.io/component=router"), "router"),
                   ("operator", _pod_of(kube, "app.kubernetes.io/component=operator"), "operator")]
         for what, pod, container in events:

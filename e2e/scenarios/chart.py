@@ -9,5 +9,5 @@ from __future__ import annotations
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-CHART = REPO / "charts" / "modelplane"
-RELEASE = "modelplane"
+CHART = REPO / "charts" / "hotset"
+RELEASE = "hotset"

@@ -40,6 +40,12 @@ class Platform(Protocol):
     def set_memory_budget(self, budget_bytes: int) -> None:
         """Re-install the chart with a different memory budget per worker pod."""
 
+    def service_url(self, service: str, port: int) -> str:
+        """A URL on this machine that reaches a Service of the namespace (a port-forward)."""
+
+    def trust_registry(self, host: str) -> None:
+        """Let every node's container runtime pull from the plain-http registry `host` (host:port)."""
+
 
 def wait_for(what: str, check: Callable[[], Any], timeout: float, interval: float = 0.5,
              show: Callable[[], Any] | None = None) -> Any:

@@ -35,8 +35,8 @@ def test_killed_worker_leaves_router_and_recovers(platform, sm_kube) -> None:
     scenario.killed_worker_leaves_and_returns(platform, sm_kube)
 
 
-def test_killed_triton_sidecar_takes_pod_out_until_back(platform, sm_kube) -> None:
-    scenario.killed_triton_sidecar(platform, sm_kube)
+def test_a_crashed_triton_stops_only_its_models_and_comes_back_in_place(platform, sm_kube) -> None:
+    scenario.killed_triton_process(platform, sm_kube)
 
 
 def test_deleted_model_unloaded_and_gone(platform, sm_kube) -> None:
@@ -49,3 +49,11 @@ def test_missing_source_reported_nothing_else_disturbed(platform, sm_kube) -> No
 
 def test_canary_then_promoted_with_no_failed_request(platform, sm_kube) -> None:
     scenario.canary_then_promote(platform, sm_kube)
+
+
+def test_model_from_s3_served_through_router(platform, sm_kube) -> None:
+    scenario.model_from_s3_served(platform, sm_kube)
+
+
+def test_model_from_an_oci_image_served_through_an_image_volume(platform, sm_kube) -> None:
+    scenario.model_from_oci_image_served(platform, sm_kube)

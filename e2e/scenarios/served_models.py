@@ -21,13 +21,13 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from hotset_operator.workloads import TRITON_CONTAINER, TRITON_PID_FILE, TRITON_RESTART_LINE
 from scenarios.inputs import check_predictions, payload, predict
 from scenarios.platform import Kube, Platform, condition, is_true, sample, wait_for
 
 MODELS = ["sentiment", "colors", "iris"]
-WORKER_CONTAINER = "modelplane-worker"
-TRITON_CONTAINER = "triton"
-POOL_SELECTOR = "app.kubernetes.io/component=worker,modelplane.io/pool=shared"
+WORKER_CONTAINER = "hotset-worker"
+POOL_SELECTOR = "app.kubernetes.io/component=worker,hotset.io/pool=shared"
 
 
 # -- what the router and the cluster say ----------------------------------------------------------
@@ -54,17 +54,26 @@ def status_copies(kube: Kube, model: str) -> set[str]:
     return {c["pod"] for c in copies if str(c.get("state", "")).lower() in ("loaded", "ready")}
 
 
-# A new shared-pool ServedModel reaches the pool's pods through the model-store ConfigMap
-# volume, which the kubelet refreshes on its periodic pod sync (syncFrequency, 1 min by
-# default, plus its cache): up to about 90 s after `kubectl apply` (docs/e2e.md).
-CATALOG_PROPAGATION_S = 150.0
+# A new shared-pool ServedModel reaches the pool's pods through the operator's catalog feed
+# within about a second, and the router through the pods' next report (its sync interval);
+# the margin is for a loaded machine (docs/e2e.md).
+CATALOG_PROPAGATION_S = 60.0
 
 
-def predict_ok(platform: Platform, model: str, settle_s: float = CATALOG_PROPAGATION_S) -> httpx.Response:
-    """The first request may race the pods learning of a new ServedModel (404): retry those only."""
+# A new credentials Secret reaches the pods at the kubelet's next sync of their Secret volume
+# (about a minute, docs/operator.md), after the catalog has brought them the model.
+CREDENTIALS_PROPAGATION_S = 150.0
+
+
+def predict_ok(platform: Platform, model: str, settle_s: float = CATALOG_PROPAGATION_S,
+               retry_failed_loads: bool = False) -> httpx.Response:
+    """The first request may race the pods learning of a new ServedModel (404): retry those only;
+    with `retry_failed_loads`, also the loads that fail while the pods wait for their credentials."""
     def attempt() -> httpx.Response | None:
         answer = predict(platform.router_url, model)
-        return None if answer.status_code == 404 else answer
+        if answer.status_code == 404 or (retry_failed_loads and answer.status_code >= 500):
+            return None
+        return answer
 
     answer = wait_for(f"the router to know {model}", attempt, settle_s, interval=1.0)
     check_predictions(model, answer)
@@ -89,7 +98,7 @@ def worker_token(platform: Platform) -> str:
     """The workers' API token, read from its Secret as a cluster admin would (docs/security.md)."""
     import base64
 
-    secret = json.loads(platform.kubectl.kubectl("get", "secret", "modelplane-worker-token", "-n", platform.namespace,
+    secret = json.loads(platform.kubectl.kubectl("get", "secret", "hotset-worker-token", "-n", platform.namespace,
                                                  "-o", "json").stdout)
     return base64.b64decode(secret["data"]["token"]).decode()
 
@@ -102,12 +111,12 @@ def worker_status(platform: Platform, pod: str) -> dict[str, Any]:
 
 
 def worker_requests(platform: Platform, pod: str, model: str) -> float:
-    """modelplane_requests_total for one model on one pod, from the pod's /metrics."""
+    """hotset_requests_total for one model on one pod, from the pod's /metrics."""
     text = httpx.get(f"{platform.worker_url(pod)}/metrics", timeout=10).text
     total = 0.0
     for family in text_string_to_metric_families(text):
         for metric in family.samples:
-            if metric.name == "modelplane_requests_total" and metric.labels.get("model") == model:
+            if metric.name == "hotset_requests_total" and metric.labels.get("model") == model:
                 total += metric.value
     return total
 
@@ -186,7 +195,7 @@ def dedicated_group_of_two(platform: Platform, kube: Kube) -> None:
     body["metadata"]["name"] = model
     body["spec"].update(placement="dedicated", replicas={"min": 2, "max": 2})
     kube.apply([body])
-    selector = f"app.kubernetes.io/component=worker,modelplane.io/servedmodel={model}"
+    selector = f"app.kubernetes.io/component=worker,hotset.io/servedmodel={model}"
     wait_for("two dedicated pods", lambda: len(kube.worker_pods(selector)) == 2, 90)
 
     def both_ready_and_loaded() -> bool:
@@ -220,7 +229,7 @@ def dedicated_group_scales_to_zero(platform: Platform, kube: Kube) -> None:
     body["metadata"]["name"] = model
     body["spec"].update(placement="dedicated", replicas={"min": 0, "max": 1, "idleSeconds": 20})
     kube.apply([body])
-    selector = f"app.kubernetes.io/component=worker,modelplane.io/servedmodel={model}"
+    selector = f"app.kubernetes.io/component=worker,hotset.io/servedmodel={model}"
 
     def replicas() -> int | None:
         found = kube.items("deployments", "-l", selector)
@@ -234,7 +243,7 @@ def dedicated_group_scales_to_zero(platform: Platform, kube: Kube) -> None:
     assert len(kube.worker_pods(selector)) == 1, "the request was served by the pod it asked for"
     metrics = httpx.get(f"{platform.router_url}/metrics", timeout=10).text
     held = [s for f in text_string_to_metric_families(metrics) for s in f.samples
-            if s.name == "modelplane_router_pod_waits_total" and s.labels.get("model") == model]
+            if s.name == "hotset_router_pod_waits_total" and s.labels.get("model") == model]
     assert [(s.labels["result"], s.value) for s in held] == [("served", 1.0)], held
     print(f"scale from zero: the first request waited {waited:.1f} s for a pod and was served")
     wait_for("the group back to zero pods once idle", lambda: replicas() == 0 and not kube.worker_pods(selector), 240,
@@ -303,24 +312,54 @@ def killed_worker_leaves_and_returns(platform: Platform, kube: Kube) -> None:
 
 
 # -- 6 ------------------------------------------------------------------------------------------
-def killed_triton_sidecar(platform: Platform, kube: Kube) -> None:
-    """Kill a Triton sidecar: that pod leaves the router's map until Triton is back; other pods keep serving."""
+def triton_back(platform: Platform, pod: str) -> bool:
+    """The pod's worker reports its Triton sidecar ready (GET /v2/health/ready's triton_ready)."""
+    try:
+        return httpx.get(f"{platform.worker_url(pod)}/v2/health/ready", timeout=5).json().get("triton_ready") is True
+    except (httpx.HTTPError, ValueError):
+        return False
+
+
+def killed_triton_process(platform: Platform, kube: Kube) -> None:
+    """Crash a pod's tritonserver: only its Triton models stop; the pod stays Ready and in the router's
+    map, its other models keep serving, and the sidecar's loop starts Triton again in place (no
+    container restart), after which iris is served again."""
     predict_ok(platform, "iris")
     holder = sorted(ready_copies(router_models(platform), "iris"))[0]
-    others = [p["pod"] for p in router_pods(platform) if p["pod"] != holder and p["ready"]]
-    bystander = next((m for m in ("colors", "sentiment") if ready_copies(router_models(platform), m) & set(others)), "colors")
-    platform.kill_container(holder, TRITON_CONTAINER)
-    wait_for(f"{holder} out of the router's map while its Triton is down",
-             lambda: not router_sees_ready(platform, holder), 90, interval=0.5)
-    # Triton drains for a while after SIGTERM before it exits: the kubelet then restarts it
-    # (or, first, the pod's readiness probe fails).
-    wait_for(f"the kubelet to see {holder}'s Triton down (unready or restarted)",
-             lambda: not pod_ready(kube, holder) or restart_count(kube, holder, TRITON_CONTAINER) > 0, 90)
-    for _ in range(5):
-        check_predictions(bystander, predict(platform.router_url, bystander))
-    wait_for(f"{holder} Ready again with Triton back", lambda: pod_ready(kube, holder), 180)
-    wait_for(f"the router to take {holder} back", lambda: router_sees_ready(platform, holder), 60)
-    predict_ok(platform, "iris")
+    report = router_models(platform)
+    # a model of another framework on the same pod if it has one (it must keep serving there), else elsewhere
+    bystander = next((m for m in ("colors", "sentiment") if holder in ready_copies(report, m)),
+                     next(m for m in ("colors", "sentiment") if ready_copies(report, m)))
+    restarts = restart_count(kube, holder, TRITON_CONTAINER)
+    assert triton_back(platform, holder), f"{holder}'s Triton not ready before the scenario"
+    platform.kubectl.kubectl("exec", "-n", platform.namespace, holder, "-c", TRITON_CONTAINER, "--",
+                             "sh", "-c", f"kill -KILL $(cat {TRITON_PID_FILE})")
+
+    def triton_logs() -> str:
+        return platform.kubectl.kubectl("logs", "-n", platform.namespace, holder, "-c", TRITON_CONTAINER,
+                                        check=False).stdout
+    wait_for(f"the sidecar's loop on {holder} to see tritonserver exit", lambda: TRITON_RESTART_LINE in triton_logs(), 60)
+
+    # While Triton is down and starting again (watched for at least 15 s, the worker's and router's
+    # report cycles): the pod stays Ready and routed, and its other model keeps serving.
+    codes: list[int] = []
+    out_of_map: list[float] = []
+    unready: list[float] = []
+    started = time.monotonic()
+    while not (time.monotonic() - started > 15 and triton_back(platform, holder)):
+        if time.monotonic() - started > 180:
+            raise AssertionError(f"{holder}'s worker does not see its Triton back 180 s after tritonserver was killed")
+        codes.append(predict(platform.router_url, bystander).status_code)
+        if not router_sees_ready(platform, holder):
+            out_of_map.append(time.monotonic() - started)
+        if not pod_ready(kube, holder):
+            unready.append(time.monotonic() - started)
+        time.sleep(0.5)
+    assert all(code == 200 for code in codes), f"requests to {bystander} while {holder}'s Triton was down: {codes}"
+    assert not out_of_map, f"{holder} left the router's map while only its Triton was down (at {out_of_map} s)"
+    assert not unready, f"{holder} went unready while only its Triton was down (at {unready} s)"
+    assert restart_count(kube, holder, TRITON_CONTAINER) == restarts, "Triton was restarted by the kubelet, not in place"
+    predict_ok(platform, "iris")  # loaded again (the restarted Triton came back empty)
 
 
 # -- 7 ------------------------------------------------------------------------------------------
@@ -380,7 +419,7 @@ def canary_then_promote(platform: Platform, kube: Kube) -> None:
         with httpx.Client(timeout=60) as client:
             while not stop.is_set():
                 answer = client.post(f"{platform.router_url}/predict", json={"model_id": name, "input_data": payload("sentiment")})
-                answers.append((answer.status_code, answer.headers.get("x-modelplane-model-version", "")))
+                answers.append((answer.status_code, answer.headers.get("x-hotset-model-version", "")))
 
     def set_spec(**changes: Any) -> None:
         spec = {**body["spec"], **changes}
@@ -413,3 +452,165 @@ def canary_then_promote(platform: Platform, kube: Kube) -> None:
         kube.delete("servedmodel", name)
     failed = [a for a in answers if a[0] != 200]
     assert not failed, f"{len(failed)} of {len(answers)} requests failed: {failed[:5]}"
+
+
+# -- models from object storage ---------------------------------------------------------------------
+S3_SERVICE = "hotset-s3"
+S3_KEYS = {"AWS_ACCESS_KEY_ID": "e2e-s3-user", "AWS_SECRET_ACCESS_KEY": "e2e-s3-secret-key-0123"}
+
+
+def s3_server_manifests(namespace: str) -> list[dict[str, Any]]:
+    """An in-cluster S3 server (MinIO, the tier's hotset-s3 image), its keys as the Secret a
+    ServedModel names, and a Job that uploads the sample sentiment model with boto3."""
+    labels = {"app": S3_SERVICE}
+    keys = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s3-keys"}, "stringData": S3_KEYS}
+    env = [{"name": "MINIO_ROOT_USER", "value": S3_KEYS["AWS_ACCESS_KEY_ID"]},
+           {"name": "MINIO_ROOT_PASSWORD", "value": S3_KEYS["AWS_SECRET_ACCESS_KEY"]}]
+    server = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": S3_SERVICE},
+              "spec": {"replicas": 1, "selector": {"matchLabels": labels}, "template": {
+                  "metadata": {"labels": labels},
+                  "spec": {"containers": [{
+                      "name": "s3", "image": "hotset-s3:e2e", "imagePullPolicy": "Never",
+                      "args": ["server", "/data", "--address", ":9000", "--certs-dir", "/data/.certs"], "env": env,
+                      "ports": [{"containerPort": 9000}],
+                      "readinessProbe": {"httpGet": {"path": "/minio/health/ready", "port": 9000}, "periodSeconds": 2},
+                      "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}},
+                      "volumeMounts": [{"name": "data", "mountPath": "/data"}]}],
+                      "volumes": [{"name": "data", "emptyDir": {}}]}}}}
+    service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": S3_SERVICE},
+               "spec": {"selector": labels, "ports": [{"port": 9000, "targetPort": 9000}]}}
+    upload = (
+        "import boto3, pathlib\n"
+        f"s3 = boto3.client('s3', endpoint_url='http://{S3_SERVICE}.{namespace}.svc:9000', region_name='us-east-1')\n"
+        "s3.create_bucket(Bucket='models')\n"
+        "root = pathlib.Path('/mnt/models/sentiment')\n"
+        "for path in sorted(p for p in root.rglob('*') if p.is_file()):\n"
+        "    s3.upload_file(str(path), 'models', 'sentiment/' + path.relative_to(root).as_posix())\n"
+        "print('uploaded', sum(1 for p in root.rglob('*') if p.is_file()), 'files')\n")
+    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "upload-sentiment"},
+           "spec": {"backoffLimit": 6, "template": {"spec": {
+               "restartPolicy": "OnFailure",
+               "containers": [{"name": "upload", "image": "hotset-worker:e2e", "imagePullPolicy": "Never",
+                               "command": ["python", "-c", upload],
+                               "env": [{"name": k, "valueFrom": {"secretKeyRef": {"name": "s3-keys", "key": k}}}
+                                       for k in S3_KEYS],
+                               "resources": {"requests": {"cpu": "50m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
+                               "volumeMounts": [{"name": "models", "mountPath": "/mnt/models", "readOnly": True}]}],
+               "volumes": [{"name": "models", "persistentVolumeClaim": {"claimName": "models", "readOnly": True}}]}}}}
+    return [keys, server, service, job]
+
+
+def model_from_s3_served(platform: Platform, kube: Kube) -> None:
+    """A ServedModel whose source is s3:// on the in-cluster S3 server serves through the router; its
+    credentials come from the Secret it names (copied by the operator into the pool's credentials
+    Secret), the pool's worker downloads it once into its source cache, and the status says so."""
+    documents = s3_server_manifests(kube.namespace)
+    kube.apply(documents)
+    name = "sentiment-s3"
+    try:
+        wait_for("the upload Job to finish", lambda: (kube.get("job", "upload-sentiment").get("status") or {})
+                 .get("succeeded", 0) >= 1, 300, 2.0)
+        body = {"apiVersion": "hotset.io/v1alpha1", "kind": "ServedModel", "metadata": {"name": name},
+                "spec": {"framework": "transformers", "task": "text-classification", "memory": "4Mi",
+                         "replicas": {"min": 0, "max": 1},
+                         "source": {"uri": "s3://models/sentiment", "secretName": "s3-keys",
+                                    "endpoint": f"http://{S3_SERVICE}.{kube.namespace}.svc:9000"}}}
+        kube.apply([body])
+        wait_for(f"{name} Accepted", lambda: is_true(kube.served_model(name), "Accepted"), 60, 1.0)
+        predict_ok(platform, name, CREDENTIALS_PROPAGATION_S, retry_failed_loads=True)
+        holders = [pod["metadata"]["name"] for pod in kube.worker_pods(POOL_SELECTOR)
+                   if any(c["id"] == name and c["state"] == "READY"
+                          for c in worker_status(platform, pod["metadata"]["name"])["models"])]
+        assert holders, f"no pool pod reports {name} READY"
+        metrics = httpx.get(f"{platform.worker_url(holders[0])}/metrics", timeout=10).text
+        downloads = [line for line in metrics.splitlines()
+                     if line.startswith("hotset_source_fetches_total{") and f'model="{name}"' in line
+                     and 'result="download"' in line]
+        assert downloads and float(downloads[0].rsplit(" ", 1)[1]) == 1.0, downloads
+        # Plain http to an endpoint outside the pool's policy is refused at admission.
+        refused = {**body, "metadata": {"name": "sentiment-s3-elsewhere"},
+                   "spec": {**body["spec"], "source": {**body["spec"]["source"], "endpoint": "http://elsewhere:9000"}}}
+        kube.apply([refused])
+        wait_for("the refused model's Accepted=False", lambda: condition(
+            kube.served_model("sentiment-s3-elsewhere"), "Accepted").get("status") == "False", 60, 1.0)
+        message = condition(kube.served_model("sentiment-s3-elsewhere"), "Accepted").get("message", "")
+        assert "spec.source.endpoint: http://elsewhere:9000 is not allowed" in message, message
+    finally:
+        kube.delete("servedmodel", name, "sentiment-s3-elsewhere")
+        for document in reversed(documents):
+            kube.delete(document["kind"].lower(), document["metadata"]["name"])
+
+
+# -- models packaged as OCI images --------------------------------------------------------------------
+REGISTRY_SERVICE = "hotset-registry"
+# A fixed ClusterIP (kind's Service range is 10.96.0.0/16): the nodes' containerd reaches it through
+# kube-proxy, and a ServedModel's image reference can name it before the Service exists.
+REGISTRY_IP = "10.96.0.250"
+REGISTRY = f"{REGISTRY_IP}:5000"
+
+
+def registry_manifests() -> list[dict[str, Any]]:
+    """The CNCF distribution registry (the tier's hotset-registry image) behind a fixed ClusterIP."""
+    labels = {"app": REGISTRY_SERVICE}
+    server = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": REGISTRY_SERVICE},
+              "spec": {"replicas": 1, "selector": {"matchLabels": labels}, "template": {
+                  "metadata": {"labels": labels},
+                  "spec": {"containers": [{
+                      "name": "registry", "image": "hotset-registry:e2e", "imagePullPolicy": "Never",
+                      "ports": [{"containerPort": 5000}],
+                      "readinessProbe": {"httpGet": {"path": "/v2/", "port": 5000}, "periodSeconds": 2},
+                      "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
+                      "volumeMounts": [{"name": "data", "mountPath": "/var/lib/registry"}]}],
+                      "volumes": [{"name": "data", "emptyDir": {}}]}}}}
+    service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": REGISTRY_SERVICE},
+               "spec": {"selector": labels, "clusterIP": REGISTRY_IP, "ports": [{"port": 5000, "targetPort": 5000}]}}
+    return [server, service]
+
+
+def push_model_image(pushed_to: str, model_dir: str, repository: str) -> None:
+    """`FROM scratch` + the model's folder as the image's root, built and pushed with docker (the
+    registry reached at `pushed_to`, host:port on this machine)."""
+    import shutil
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as context:
+        shutil.copytree(model_dir, Path(context) / "model")
+        (Path(context) / "Dockerfile").write_text("FROM scratch\nCOPY model/ /\n")
+        tag = f"{pushed_to}/{repository}"
+        for argv in (["docker", "build", "-q", "-t", tag, context], ["docker", "push", tag], ["docker", "rmi", tag]):
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+            assert done.returncode == 0, f"{' '.join(argv)}: {done.stdout[-1000:]}{done.stderr[-2000:]}"
+
+
+def model_from_oci_image_served(platform: Platform, kube: Kube) -> None:
+    """A Triton model packaged as an image, pushed to a real registry (the CNCF distribution
+    registry), is mounted by the kubelet as an image volume (Kubernetes 1.36: ImageVolume is GA)
+    into a dedicated pod's worker and Triton containers, and serves through the router; Triton
+    reads it in place (the staged folder links into the volume)."""
+    documents = registry_manifests()
+    kube.apply(documents)
+    name = "iris-oci"
+    try:
+        wait_for("the registry Ready", lambda: any(is_true(p, "Ready") for p in
+                                                   kube.items("pods", "-l", f"app={REGISTRY_SERVICE}")), 120, 1.0)
+        local = platform.service_url(REGISTRY_SERVICE, 5000).removeprefix("http://").replace("127.0.0.1", "localhost")
+        from scenarios.chart import REPO
+
+        push_model_image(local, str(REPO / "build" / "models" / "iris"), "models/iris:1")
+        platform.trust_registry(REGISTRY)
+        body = {"apiVersion": "hotset.io/v1alpha1", "kind": "ServedModel", "metadata": {"name": name},
+                "spec": {"framework": "triton", "memory": "8Mi", "placement": "dedicated",
+                         "replicas": {"min": 1, "max": 1}, "source": {"uri": f"oci://{REGISTRY}/models/iris:1"}}}
+        kube.apply([body])
+        wait_for(f"{name} Ready", lambda: is_true(kube.served_model(name), "Ready"), 300, 2.0)
+        predict_ok(platform, name)
+        pods = kube.worker_pods(f"hotset.io/pool=dedicated,hotset.io/servedmodel={name}")
+        assert pods, "no dedicated pod"
+        volumes = [v for v in pods[0]["spec"]["volumes"] if "image" in v]
+        assert volumes and volumes[0]["image"]["reference"] == f"{REGISTRY}/models/iris:1", volumes
+    finally:
+        kube.delete("servedmodel", name)
+        for document in reversed(documents):
+            kube.delete(document["kind"].lower(), document["metadata"]["name"])

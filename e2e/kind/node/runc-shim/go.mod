@@ -1,3 +1,3 @@
-module modelplane.local/runc-shim
+module hotset.local/runc-shim
 
 go 1.22

@@ -1,4 +1,4 @@
-// modelplane-runc: an OCI runtime wrapper for hosts whose capability bounding
+// hotset-runc: an OCI runtime wrapper for hosts whose capability bounding
 // set lacks CAP_SYS_RESOURCE (test infrastructure for the kind tier only).
 //
 // A privileged container asks runc for every capability; runc then fails with
@@ -27,16 +27,16 @@ var globalWithValue = map[string]bool{"--root": true, "--log": true, "--log-form
 func main() {
 	args := os.Args[1:]
 	if err := rewrite(args); err != nil {
-		fmt.Fprintf(os.Stderr, "modelplane-runc: %v\n", err)
+		fmt.Fprintf(os.Stderr, "hotset-runc: %v\n", err)
 		os.Exit(1)
 	}
 	real, err := realRunc()
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "modelplane-runc: %v\n", err)
+		fmt.Fprintf(os.Stderr, "hotset-runc: %v\n", err)
 		os.Exit(1)
 	}
 	err = syscall.Exec(real, append([]string{real}, filterCapFlags(args)...), os.Environ())
-	fmt.Fprintf(os.Stderr, "modelplane-runc: exec %s: %v\n", real, err)
+	fmt.Fprintf(os.Stderr, "hotset-runc: exec %s: %v\n", real, err)
 	os.Exit(1)
 }
 
@@ -153,9 +153,9 @@ func editJSON(path string, edit func(map[string]any)) error {
 	return os.WriteFile(path, out, info.Mode().Perm())
 }
 
-// realRunc is MODELPLANE_REAL_RUNC, else the first runc on the usual paths that is not this program.
+// realRunc is HOTSET_REAL_RUNC, else the first runc on the usual paths that is not this program.
 func realRunc() (string, error) {
-	if path := os.Getenv("MODELPLANE_REAL_RUNC"); path != "" {
+	if path := os.Getenv("HOTSET_REAL_RUNC"); path != "" {
 		return path, nil
 	}
 	self, _ := os.Executable()
@@ -166,5 +166,5 @@ func realRunc() (string, error) {
 			}
 		}
 	}
-	return "", fmt.Errorf("no runc found (set MODELPLANE_REAL_RUNC)")
+	return "", fmt.Errorf("no runc found (set HOTSET_REAL_RUNC)")
 }

@@ -2,7 +2,7 @@
 
 Twelve small BERT sequence classifiers (hidden sizes 64/128/256, two layers,
 0.5-7 MB of weights each), saved with ``save_pretrained`` like a user's model
-and listed in a modelplane model store, plus a seeded Zipf(1.0) sequence of
+and listed in a hotset model store, plus a seeded Zipf(1.0) sequence of
 model ids. Built once under ``build/bench-models/`` (a second call reuses them),
 in a child process so that building leaves nothing in the caller's heap.
 """
@@ -25,7 +25,7 @@ import json, sys
 from pathlib import Path
 import torch
 from transformers import BertConfig, BertForSequenceClassification
-from modelplane_worker import samples
+from hotset_worker import samples
 
 root = Path(sys.argv[1])
 for index, hidden in enumerate(json.loads(sys.argv[2])):

@@ -1,7 +1,7 @@
 """Simulated workers for the placement and eviction benchmarks, driving the real shared code.
 
 A ``PolicyPod`` keeps copies the way the worker's manager does and picks its
-victims with the same function (``modelplane_common.eviction.choose_victims``
+victims with the same function (``hotset_common.eviction.choose_victims``
 over the same ``Candidate`` figures); its ``room()`` is the snapshot the
 router's real ``placement.place_cold`` plans with. ``LruPod`` is the
 baseline a plain LRU gives (least recently used first, by bytes). Time is a
@@ -14,8 +14,8 @@ import dataclasses
 import math
 from typing import Iterable, Sequence
 
-from modelplane_common.eviction import Candidate, DecayedCount, EvictionPolicy, choose_victims, eviction_cost
-from modelplane_router import placement
+from hotset_common.eviction import Candidate, DecayedCount, EvictionPolicy, choose_victims, eviction_cost
+from hotset_router import placement
 
 
 @dataclasses.dataclass(frozen=True)

@@ -34,10 +34,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 sys.path.insert(0, str(REPO / "tests"))
 import local_stack  # noqa: E402
-from modelplane_testing.processes import Process, spawn  # noqa: E402
-from modelplane_worker import samples  # noqa: E402
+from hotset_testing.processes import Process, spawn  # noqa: E402
+from hotset_worker import samples  # noqa: E402
 
-ROUTER_PRESTOP_S = 5.0  # charts/modelplane/templates/router.yaml, lifecycle.preStop.sleep
+ROUTER_PRESTOP_S = 5.0  # charts/hotset/templates/router.yaml, lifecycle.preStop.sleep
 MODELS = {"sentiment": "a wonderful little model", "iris": [[5.1, 3.5, 1.4, 0.2]]}
 
 

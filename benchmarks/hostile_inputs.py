@@ -25,7 +25,7 @@ import psutil
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 import local_stack  # noqa: E402
-from modelplane_worker import samples  # noqa: E402
+from hotset_worker import samples  # noqa: E402
 
 
 def png(width: int, height: int) -> str:

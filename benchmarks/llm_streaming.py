@@ -38,9 +38,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import local_stack  # noqa: E402
-from modelplane_worker import samples  # noqa: E402
+from hotset_worker import samples  # noqa: E402
 
-STANDIN = ROOT / "tests" / "modelplane_testing" / "standin_vllm.py"
+STANDIN = ROOT / "tests" / "hotset_testing" / "standin_vllm.py"
 
 
 def write_store(folder: Path) -> Path:
@@ -136,9 +136,9 @@ def worker_tpot(url: str, model: str) -> tuple[float, float]:
         for sample in family.samples:
             if sample.labels.get("model") != model:
                 continue
-            if sample.name == "modelplane_time_per_output_token_seconds_sum":
+            if sample.name == "hotset_time_per_output_token_seconds_sum":
                 total += sample.value
-            elif sample.name == "modelplane_time_per_output_token_seconds_count":
+            elif sample.name == "hotset_time_per_output_token_seconds_count":
                 count += sample.value
     return total, count
 

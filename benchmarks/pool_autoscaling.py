@@ -3,9 +3,9 @@
 returns to its minimum afterwards; pods used against the bin-packing lower bound throughout.
 
 What runs for real: kube-apiserver, kube-controller-manager and kube-scheduler (the test control
-plane), the ``modelplane-operator`` and ``modelplane-router`` commands, and one real
-``modelplane-worker`` process per pod (ballast models: exact sizes, 1 s loads, 50 ms predictions).
-What is simulated: the kubelet (``tests/modelplane_testing/pod_player.py`` starts a pod's worker
+plane), the ``hotset-operator`` and ``hotset-router`` commands, and one real
+``hotset-worker`` process per pod (ballast models: exact sizes, 1 s loads, 50 ms predictions).
+What is simulated: the kubelet (``tests/hotset_testing/pod_player.py`` starts a pod's worker
 process as soon as the scheduler binds it, on a loopback address of its own), so a pod's start is
 the worker process's own start, with no image pull or container runtime (``--pod-start-delay``
 adds a fixed delay for those).
@@ -32,8 +32,8 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from modelplane_testing import kube_cluster  # noqa: E402
-from modelplane_testing.scaling_stack import MiB, ScalingStack, served_model, write_ballast  # noqa: E402
+from hotset_testing import kube_cluster  # noqa: E402
+from hotset_testing.scaling_stack import MiB, ScalingStack, served_model, write_ballast  # noqa: E402
 
 MODEL_MIB = 45
 BUDGET_MIB = 100
@@ -96,7 +96,7 @@ def pods_used(stack: ScalingStack) -> int:
 
     api = config.new_client_from_config(str(stack.kube.kubeconfig))
     try:
-        pods = client.CoreV1Api(api).list_namespaced_pod(stack.namespace, label_selector="modelplane.io/pool=shared").items
+        pods = client.CoreV1Api(api).list_namespaced_pod(stack.namespace, label_selector="hotset.io/pool=shared").items
         return sum(1 for p in pods if p.metadata.deletion_timestamp is None)
     finally:
         api.close()
@@ -111,7 +111,7 @@ def served_requests(url: str) -> float:
 
     text = httpx.get(f"{url}/metrics", timeout=5).text
     return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
-               if s.name == "modelplane_requests_total" and s.labels.get("code") == "200")
+               if s.name == "hotset_requests_total" and s.labels.get("code") == "200")
 
 
 def run(args: argparse.Namespace, workdir: Path) -> dict[str, float]:
@@ -159,7 +159,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, float]:
             load.stop()
             end_at = time.monotonic()
             phase[0] = "after"
-            stack.wait_for(lambda: pods_used(stack) == 1 and stack.replicas("modelplane-pool") == 1,
+            stack.wait_for(lambda: pods_used(stack) == 1 and stack.replicas("hotset-pool") == 1,
                            "the pool back at its minimum", timeout=300)
             back_at = time.monotonic()
             stop_sampling.set()

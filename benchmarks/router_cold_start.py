@@ -18,10 +18,10 @@ so the whole-cluster caches are comparable slot for slot; the router's own
 pods still work in bytes.
 
 ``--real`` also replays the same trace through real processes: three
-``modelplane-worker`` processes (test-only ballast models of 1 MiB, budget
-= slots x 1 MiB) behind a real ``modelplane-router``, and the same workers
+``hotset-worker`` processes (test-only ballast models of 1 MiB, budget
+= slots x 1 MiB) behind a real ``hotset-router``, and the same workers
 hit directly at random; loads are counted from the workers' own
-``modelplane_model_loads_total`` metrics.
+``hotset_model_loads_total`` metrics.
 """
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import cache_sim  # noqa: E402
-from modelplane_common.eviction import EvictionPolicy  # noqa: E402
+from hotset_common.eviction import EvictionPolicy  # noqa: E402
 
 MODEL_BYTES = 100 * 2**20
 
@@ -125,7 +125,7 @@ def worker_loads(url: str) -> float:
 
     families = text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=10).text)
     return sum(s.value for f in families for s in f.samples
-               if s.name == "modelplane_model_loads_total" and s.labels.get("result") == "success")
+               if s.name == "hotset_model_loads_total" and s.labels.get("result") == "success")
 
 
 def real_loads(trace: Sequence[str], models: int, workers: int, slots: int, seed: int) -> dict[str, int]:

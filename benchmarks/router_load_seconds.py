@@ -29,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import cache_sim  # noqa: E402
-from modelplane_common.eviction import DecayedCount, EvictionPolicy  # noqa: E402
+from hotset_common.eviction import DecayedCount, EvictionPolicy  # noqa: E402
 
 MiB = 2**20
 WORKERS = 3

@@ -13,7 +13,7 @@ import argparse
 import math
 import random
 
-from modelplane_router import placement
+from hotset_router import placement
 
 MiB = 2**20
 

@@ -13,16 +13,26 @@ HERE = Path(__file__).resolve().parent
 
 BENCHMARKS: list[list[str]] = [
     ["worker_under_thrash.py"],
+    ["worker_closed_loop.py"],  # the same workload, a second harness (docs/benchmarks.md says why they differ)
+    ["worker_batching.py"],
     ["worker_eviction_pause.py"],
     ["worker_overload.py"],
     ["router_load_seconds.py"],
     ["worker_cold_warm.py"],
+    ["model_sources.py"],
     ["worker_head_of_line.py"],
     ["router_overhead.py"],
+    # Scale in models (docs/benchmarks.md): the router at 50 pods x 10,000 models, beside d516879.
+    ["router_scale_models.py"],
+    ["router_scale_functions.py"],
     ["router_placement_density.py"],
     ["router_cold_start.py", "--real"],
     ["llm_streaming.py"],
     ["pool_autoscaling.py"],
+    # Scale in models (docs/benchmarks.md): the operator and its catalog with 1,000-10,000 ServedModels,
+    # and worker density.
+    ["operator_scale.py"],
+    ["worker_density.py"],
     # Reliability (docs/reliability.md): hostile inputs, chaos under load, the 10-minute soak.
     ["hostile_inputs.py"],
     ["chaos.py"],

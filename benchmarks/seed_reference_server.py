@@ -1,4 +1,4 @@
-"""A reference server built the way seed 000 describes, to measure modelplane against.
+"""A reference server built the way seed 000 describes, to measure hotset against.
 
 Written here from the design alone (no code of the seed's repository): FastAPI
 with ``POST /predict {model_id, input_data}`` and ``GET /models``; a model

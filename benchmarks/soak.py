@@ -26,7 +26,7 @@ import psutil
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 import local_stack  # noqa: E402
-from modelplane_worker import samples  # noqa: E402
+from hotset_worker import samples  # noqa: E402
 
 INPUTS = {
     "sentiment": "a wonderful little model",
@@ -82,7 +82,7 @@ def main() -> int:
                     one(model)
             start_rss, start_at = rss(worker.pid), time.monotonic()
             samples_rss = [start_rss]
-            loads_before = metric(client, "modelplane_model_loads_total")
+            loads_before = metric(client, "hotset_model_loads_total")
             outcomes.clear()
             latencies.clear()
             turn = 0
@@ -95,8 +95,8 @@ def main() -> int:
                     print(f"  {time.monotonic() - start_at:5.0f}s  rss {samples_rss[-1] / 2**20:.0f} MiB  {outcomes}", flush=True)
                 time.sleep(max(0.0, 1.0 - (time.monotonic() - tick)))
             end_rss = rss(worker.pid)
-            loads = metric(client, "modelplane_model_loads_total") - loads_before
-            evictions = metric(client, "modelplane_evictions_total")
+            loads = metric(client, "hotset_model_loads_total") - loads_before
+            evictions = metric(client, "hotset_evictions_total")
         finally:
             worker.stop()
             triton.stop()

@@ -1,7 +1,7 @@
 """Cold versus warm latency per framework, and load seconds per sample model, through the worker's HTTP API.
 
-Starts the real pieces on loopback: a tritonserver through ``modelplane-triton``
-and ``modelplane-worker`` serving ``build/models/model-store.json``. For each
+Starts the real pieces on loopback: a tritonserver through ``hotset-triton``
+and ``hotset-worker`` serving ``build/models/model-store.json``. For each
 sample model, repeated ``--rounds`` times so one slow moment does not decide
 a figure:
 
@@ -37,15 +37,15 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))  # the sidecar and worker start as in the tests
 
-from modelplane_testing.processes import free_port, spawn, wait_http  # noqa: E402
-from modelplane_testing.triton import start_tritonserver  # noqa: E402
+from hotset_testing.processes import free_port, spawn, wait_http  # noqa: E402
+from hotset_testing.triton import start_tritonserver  # noqa: E402
 
 
 @contextlib.contextmanager
 def worker_process(store: Path, triton_url: str, repository: Path, log: Path) -> Iterator[str]:
-    """modelplane-worker on a free loopback port; stopped by pid (its session) on exit."""
+    """hotset-worker on a free loopback port; stopped by pid (its session) on exit."""
     port = free_port()
-    command = [sys.executable, "-m", "modelplane_worker.main", "--model-store", str(store), "--host", "127.0.0.1",
+    command = [sys.executable, "-m", "hotset_worker.main", "--model-store", str(store), "--host", "127.0.0.1",
                "--port", str(port), "--memory-budget", "4Gi", "--triton-url", triton_url,
                "--triton-repository", str(repository), "--pod-name", "bench", "--min-residency-s", "0",
                "--log-level", "warning"]
@@ -150,11 +150,11 @@ def main() -> None:
 
     import tritonclient.http as triton_http
 
-    from modelplane_worker import samples
+    from hotset_worker import samples
 
     store = samples.generate(REPO / "build" / "models")
     models = json.loads(store.read_text())["models"]
-    scratch = Path(tempfile.mkdtemp(prefix="modelplane-cold-warm-"))
+    scratch = Path(tempfile.mkdtemp(prefix="hotset-cold-warm-"))
     sidecar_server = start_tritonserver(scratch / "repository", log_dir=scratch)
     try:
         with worker_process(store, sidecar_server.url, sidecar_server.repository, scratch / "worker.log") as url, \

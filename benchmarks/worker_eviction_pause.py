@@ -1,6 +1,6 @@
 """Does freeing a model pause the others? A warm model's latency while another model is unloaded, vs alone.
 
-One real ``modelplane-worker`` holding two of the benchmark BERTs
+One real ``hotset-worker`` holding two of the benchmark BERTs
 (``bench_models``): the warm one is asked back to back throughout. Each round
 loads the other model, waits, then measures the warm model's requests in a
 window while nothing else happens ("alone") and in a window of the same length

@@ -1,7 +1,7 @@
 """Does a model's load slow down requests to models already loaded? Measured side by side.
 
-Starts the real pieces on loopback: the Triton sidecar (``modelplane-triton``,
-skipped with --no-triton or when it cannot start) and ``modelplane-worker``
+Starts the real pieces on loopback: the Triton sidecar (``hotset-triton``,
+skipped with --no-triton or when it cannot start) and ``hotset-worker``
 with the sample models' store. The first sample model is the warm one: its
 warm median is measured alone, then while each other sample model loads from
 cold (after an explicit unload), repeated ``--rounds`` times. With the
@@ -36,7 +36,7 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
-from modelplane_testing.processes import free_port, spawn, wait_http  # noqa: E402
+from hotset_testing.processes import free_port, spawn, wait_http  # noqa: E402
 
 TRITON_TWIN = "iris-twin"
 
@@ -136,11 +136,11 @@ def main() -> None:
     args = parser.parse_args()
 
     sys.path.insert(0, str(REPO / "worker-image"))
-    from modelplane_worker import samples
+    from hotset_worker import samples
 
     store = samples.generate(REPO / "build" / "models")
     models = json.loads(store.read_text())["models"]
-    scratch = Path(tempfile.mkdtemp(prefix="modelplane-bench-"))
+    scratch = Path(tempfile.mkdtemp(prefix="hotset-bench-"))
     repository = scratch / "triton-repository"
     repository.mkdir()
     python = sys.executable
@@ -148,7 +148,7 @@ def main() -> None:
         triton_url, triton_note = "", "skipped (--no-triton)"
         if not args.no_triton:
             ports = [free_port() for _ in range(3)]
-            command = [python, "-m", "modelplane_worker.triton_sidecar", "--model-repository", str(repository),
+            command = [python, "-m", "hotset_worker.triton_sidecar", "--model-repository", str(repository),
                        "--http-port", str(ports[0]), "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2])]
             try:
                 stack.enter_context(process("triton", command, f"http://127.0.0.1:{ports[0]}", scratch / "triton.log"))
@@ -161,7 +161,7 @@ def main() -> None:
         store = scratch / "model-store.json"
         store.write_text(json.dumps({"models": catalog}))
         port = free_port()
-        command = [python, "-m", "modelplane_worker.main", "--model-store", str(store), "--host", "127.0.0.1",
+        command = [python, "-m", "hotset_worker.main", "--model-store", str(store), "--host", "127.0.0.1",
                    "--port", str(port), "--memory-budget", "4Gi", "--triton-url", triton_url,
                    "--triton-repository", str(repository), "--pod-name", "bench"]
         stack.enter_context(process("worker", command, f"http://127.0.0.1:{port}", scratch / "worker.log"))

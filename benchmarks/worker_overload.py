@@ -1,6 +1,6 @@
 """Overload stays bounded: with the admission queue full, refusals are fast and memory stays flat.
 
-One real ``modelplane-worker`` (room for 2 of the 12 benchmark BERTs, an
+One real ``hotset-worker`` (room for 2 of the 12 benchmark BERTs, an
 admission queue of ``--max-queue`` requests) flooded by ``--clients``
 closed-loop clients replaying a Zipf trace of all twelve models for about
 ``--seconds``. Prints how many requests were answered and refused, how fast
@@ -32,7 +32,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 import bench_models  # noqa: E402
 import loadgen  # noqa: E402
-from modelplane_testing.processes import free_port, spawn, wait_http  # noqa: E402
+from hotset_testing.processes import free_port, spawn, wait_http  # noqa: E402
 
 VENV_BIN = Path(sys.executable).parent
 
@@ -45,7 +45,7 @@ def main() -> None:
     args = parser.parse_args()
     store = bench_models.ensure_models()
     port = free_port()
-    argv = [str(VENV_BIN / "modelplane-worker"), "--model-store", str(store), "--port", str(port), "--max-models", "2",
+    argv = [str(VENV_BIN / "hotset-worker"), "--model-store", str(store), "--port", str(port), "--max-models", "2",
             "--memory-budget", "4Gi", "--max-queue", str(args.max_queue), "--log-level", "warning"]
     with tempfile.TemporaryDirectory(prefix="overload-") as scratch, \
             spawn("worker", argv, Path(scratch) / "worker.log", url=f"http://127.0.0.1:{port}", own_session=True) as worker:

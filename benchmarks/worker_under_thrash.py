@@ -1,4 +1,4 @@
-"""More models wanted than fit: modelplane beside a server built the way seed 000 describes.
+"""More models wanted than fit: hotset beside a server built the way seed 000 describes.
 
 The workload the issue names: twelve small BERT classifiers
 (``bench_models``), room for two of them, one seeded Zipf(1.0) sequence of
@@ -8,8 +8,8 @@ so all see the same machine load:
 
 - ``reference``: ``seed_reference_server.py`` (OrderedDict LRU, ``max_models=2``,
   evict then load inside the request);
-- ``worker``: one ``modelplane-worker --max-models 2``;
-- ``router``: ``modelplane-router`` in front of that worker.
+- ``worker``: one ``hotset-worker --max-models 2``;
+- ``router``: ``hotset-router`` in front of that worker.
 
 Then scale-out: the router in front of 1, 2 and 3 such workers at the high
 concurrency. Prints every run and the ratios against the reference; a cold
@@ -38,7 +38,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 import bench_models  # noqa: E402
 import loadgen  # noqa: E402
-from modelplane_testing.processes import free_port, spawn, wait_http  # noqa: E402
+from hotset_testing.processes import free_port, spawn, wait_http  # noqa: E402
 
 VENV_BIN = Path(sys.executable).parent
 MAX_MODELS = 2
@@ -64,7 +64,7 @@ def server(name: str, argv: list[str], port: int, logs: Path, env: dict[str, str
 
 
 def worker_argv(store: Path, port: int) -> list[str]:
-    return [str(VENV_BIN / "modelplane-worker"), "--model-store", str(store), "--port", str(port),
+    return [str(VENV_BIN / "hotset-worker"), "--model-store", str(store), "--port", str(port),
             "--max-models", str(MAX_MODELS), "--memory-budget", "4Gi", "--log-level", "warning"]
 
 
@@ -90,7 +90,7 @@ def target(kind: str, store: Path, logs: Path, workers: int = 1) -> Iterator[str
             yield urls[0]
             return
         port = free_port()
-        argv = [str(VENV_BIN / "modelplane-router"), "--workers", ",".join(urls), "--model-store", str(store),
+        argv = [str(VENV_BIN / "hotset-router"), "--workers", ",".join(urls), "--model-store", str(store),
                 "--port", str(port), "--log-level", "warning"]
         yield stack.enter_context(server("router", argv, port, logs, env))
 

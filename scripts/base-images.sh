@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Local stand-ins for registry base images, made from Debian packages with
 # debootstrap, for machines where no container registry answers:
-#   modelplane-base/python:bookworm  Debian's python3.11 (+ venv, libpython, numpy): BASE_IMAGE of
+#   hotset-base/python:bookworm  Debian's python3.11 (+ venv, libpython, numpy): BASE_IMAGE of
 #                                    Dockerfile.worker/.operator/.triton-cpu here
 #                                    (users keep the official python:3.11-slim)
-#   modelplane-base/node:bookworm    systemd, iptables, runc, CNI plugins...: the
+#   hotset-base/node:bookworm    systemd, iptables, runc, CNI plugins...: the
 #                                    kind node image's base and the control-plane
 #                                    component images' base (e2e/kind/node/)
 # Each is made once (about a minute) and kept by the Docker engine; the package
@@ -15,7 +15,7 @@ set -euo pipefail
 SUITE=bookworm
 MIRROR="${DEBIAN_MIRROR:-$(sed -n 's/^URIs: *//p' /etc/apt/sources.list.d/debian.sources 2>/dev/null | head -n1)}"
 MIRROR="${MIRROR:-http://deb.debian.org/debian}"
-CACHE="${MODELPLANE_CACHE:-$HOME/.cache/modelplane}"
+CACHE="${HOTSET_CACHE:-$HOME/.cache/hotset}"
 
 PYTHON_PACKAGES=python3,python3.11,libpython3.11,python3-venv,python3.11-venv,python3-numpy,ca-certificates,netbase,tzdata
 NODE_PACKAGES=systemd,systemd-sysv,dbus,conntrack,iptables,nftables,ipset,iproute2,ethtool,util-linux,mount,kmod,libseccomp2,pigz,bash,ca-certificates,jq,procps,runc,containernetworking-plugins,e2fsprogs,socat
@@ -26,11 +26,11 @@ command -v debootstrap >/dev/null || { echo "base-images: needs debootstrap (scr
 make_base() {
   local tag=$1 packages=$2
   local key; key=$(echo "$SUITE $packages" | sha1sum | cut -c1-12)
-  if [ "$(docker image inspect -f '{{ index .Config.Labels "modelplane.packages" }}' "$tag" 2>/dev/null)" = "$key" ]; then
+  if [ "$(docker image inspect -f '{{ index .Config.Labels "hotset.packages" }}' "$tag" 2>/dev/null)" = "$key" ]; then
     return 0
   fi
   local start=$SECONDS rootfs
-  rootfs=$(mktemp -d "${TMPDIR:-/tmp}/modelplane-rootfs.XXXXXX")
+  rootfs=$(mktemp -d "${TMPDIR:-/tmp}/hotset-rootfs.XXXXXX")
   trap 'rm -rf "$rootfs"' RETURN
   echo "base-images: debootstrap $tag ($packages)"
   mkdir -p "$CACHE/debootstrap-cache"
@@ -41,10 +41,10 @@ make_base() {
   rm -rf "$rootfs"/var/lib/apt/lists/* "$rootfs"/var/cache/apt/*.bin "$rootfs"/var/cache/apt/archives/*.deb
   : > "$rootfs/etc/resolv.conf"
   tar -C "$rootfs" -c . | docker import \
-    --change "LABEL modelplane.packages=$key" --change 'CMD ["/bin/bash"]' \
+    --change "LABEL hotset.packages=$key" --change 'CMD ["/bin/bash"]' \
     --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' - "$tag" >/dev/null
   echo "base-images: $tag made in $((SECONDS - start)) s"
 }
 
-make_base modelplane-base/python:$SUITE "$PYTHON_PACKAGES"
-make_base modelplane-base/node:$SUITE "$NODE_PACKAGES"
+make_base hotset-base/python:$SUITE "$PYTHON_PACKAGES"
+make_base hotset-base/node:$SUITE "$NODE_PACKAGES"

@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# Builds modelplane's three images with a running Docker engine:
-#   modelplane-operator:$TAG  (Dockerfile.operator; the router runs from it too)
-#   modelplane-worker:$TAG    (Dockerfile.worker)
-#   modelplane-triton-cpu:$TAG (Dockerfile.triton-cpu: the CPU Triton sidecar)
+# Builds hotset's three images with a running Docker engine:
+#   hotset-operator:$TAG  (Dockerfile.operator; the router runs from it too)
+#   hotset-worker:$TAG    (Dockerfile.worker)
+#   hotset-triton-cpu:$TAG (Dockerfile.triton-cpu: the CPU Triton sidecar)
+#   hotset-s3:$TAG        (Dockerfile.s3: MinIO for the kind tier's s3:// scenario only)
+#   hotset-registry:$TAG  (Dockerfile.registry: the distribution registry, its oci:// scenario)
 # Wheels come from pip's cache: each image's requirement set is downloaded once per
-# machine into ~/.cache/modelplane/wheels/<pyproject hash>/<image> (pip reads its
+# machine into ~/.cache/hotset/wheels/<pyproject hash>/<image> (pip reads its
 # HTTP cache; only index pages go out) and served to the build over the Docker
 # bridge (this machine only) as PIP_FIND_LINKS with PIP_NO_INDEX=1. Where no registry
-# answers (MODELPLANE_LOCAL_BASE=1, the default on machines without CAP_SYS_RESOURCE)
-# the base is scripts/base-images.sh's modelplane-base/python; elsewhere the official
+# answers (HOTSET_LOCAL_BASE=1, the default on machines without CAP_SYS_RESOURCE)
+# the base is scripts/base-images.sh's hotset-base/python; elsewhere the official
 # python:3.11-slim and debian:bookworm-slim. Prints each build's time and size.
 #   scripts/build-images.sh [TAG] (default e2e)
 #   scripts/build-images.sh --wheels-only   (gather the wheels, build nothing)
@@ -18,21 +20,21 @@ cd "$ROOT"
 WHEELS_ONLY=0
 [ "${1:-}" = "--wheels-only" ] && { WHEELS_ONLY=1; shift; }
 TAG="${1:-e2e}"
-CACHE="${MODELPLANE_CACHE:-$HOME/.cache/modelplane}"
+CACHE="${HOTSET_CACHE:-$HOME/.cache/hotset}"
 PIP=.venv/bin/pip
 PYTHON=.venv/bin/python
 
 if [ $WHEELS_ONLY = 1 ]; then :
-elif [ -z "${MODELPLANE_LOCAL_BASE:-}" ]; then
+elif [ -z "${HOTSET_LOCAL_BASE:-}" ]; then
   # CAP_SYS_RESOURCE is bit 24 of the bounding set: without it this is a machine of the
   # project's workplace, where no registry answers.
-  if (( (16#$(awk '/^CapBnd/ {print $2}' /proc/self/status) >> 24) & 1 )); then MODELPLANE_LOCAL_BASE=0; else MODELPLANE_LOCAL_BASE=1; fi
+  if (( (16#$(awk '/^CapBnd/ {print $2}' /proc/self/status) >> 24) & 1 )); then HOTSET_LOCAL_BASE=0; else HOTSET_LOCAL_BASE=1; fi
 fi
 if [ $WHEELS_ONLY = 1 ]; then :
-elif [ "$MODELPLANE_LOCAL_BASE" = 1 ]; then
+elif [ "$HOTSET_LOCAL_BASE" = 1 ]; then
   scripts/base-images.sh
-  PYTHON_BASE=modelplane-base/python:bookworm
-  DEBIAN_BASE=modelplane-base/python:bookworm
+  PYTHON_BASE=hotset-base/python:bookworm
+  DEBIAN_BASE=hotset-base/python:bookworm
 else
   PYTHON_BASE=python:3.11-slim
   DEBIAN_BASE=debian:bookworm-slim
@@ -60,14 +62,31 @@ wheels() {
   touch "$dir/.complete"
 }
 
-# serve NAME: an HTTP server for one image's wheels on the Docker bridge's gateway address,
-# reachable from build containers on this machine only; sets WHEEL_URL, stopped by pid on exit.
+# bridge_address: the host's address on the Docker bridge that build containers use, read from
+# the bridge interface itself. dockerd names no Gateway in `docker network inspect bridge` on its
+# first start on a machine (where it creates docker0), so that field is only a fallback.
+bridge_address() {
+  local name address
+  name=$(docker network inspect bridge -f '{{index .Options "com.docker.network.bridge.name"}}' 2>/dev/null || true)
+  if [ -n "$name" ]; then
+    address=$(ip -4 -o addr show dev "$name" 2>/dev/null | awk '{split($4, a, "/"); print a[1]; exit}')
+  fi
+  [ -n "${address:-}" ] || address=$(docker network inspect bridge -f '{{range .IPAM.Config}}{{.Gateway}}{{end}}')
+  if [ -z "$address" ]; then
+    echo "build-images: no address of the Docker bridge (${name:-unnamed}) on this machine to serve wheels on" >&2
+    exit 1
+  fi
+  echo "$address"
+}
+
+# serve NAME: an HTTP server for one image's wheels on the Docker bridge's address, reachable from
+# build containers on this machine only; sets WHEEL_URL, stopped by pid on exit.
 SERVER_PID=""
 serve() {  # serve NAME KEY
   local key=$2
   [ -n "$SERVER_PID" ] && kill "$SERVER_PID" 2>/dev/null && wait "$SERVER_PID" 2>/dev/null || true
   local gateway port
-  gateway=$(docker network inspect bridge -f '{{(index .IPAM.Config 0).Gateway}}')
+  gateway=$(bridge_address)
   # A port fixed per wheel set when free: the URL is a build argument, so part of Docker's cache key.
   port=$("$PYTHON" -c 'import socket, sys
 s = socket.socket()
@@ -91,7 +110,7 @@ build() {
   key=$( { docker image inspect -f '{{.Id}}' "$base" 2>/dev/null || echo "$base"; cat "$dockerfile" pyproject.toml README.md;
            find common operator router worker-image -name '*.py' -o -name '*.json' | sort | xargs cat;
            ls "$WHEELS/$wheels"; } | sha1sum | cut -c1-12)
-  if [ "$(docker image inspect -f '{{ index .Config.Labels "modelplane.inputs" }}' "$image" 2>/dev/null)" = "$key" ]; then
+  if [ "$(docker image inspect -f '{{ index .Config.Labels "hotset.inputs" }}' "$image" 2>/dev/null)" = "$key" ]; then
     echo "build-images: $image is up to date"
     return 0
   fi
@@ -99,8 +118,8 @@ build() {
   echo "build-images: building $image from $dockerfile (base $base)"
   docker build -q -f "$dockerfile" --build-arg BASE_IMAGE="$base" --build-arg PIP_NO_INDEX=1 \
     --build-arg PIP_FIND_LINKS="$WHEEL_URL" --build-arg PIP_TRUSTED_HOST="${WHEEL_URL#http://}" \
-    --label modelplane.inputs="$key" -t "$image" . >/dev/null
-  docker image prune -f --filter label=modelplane.inputs >/dev/null
+    --label hotset.inputs="$key" -t "$image" . >/dev/null
+  docker image prune -f --filter label=hotset.inputs >/dev/null
   size=$(docker image inspect -f '{{.Size}}' "$image")
   echo "build-images: $image built in $((SECONDS - start)) s, $((size / 1000000)) MB"
 }
@@ -111,6 +130,28 @@ wheels triton-cpu "" nvidia-pytriton==0.7.0
 [ $WHEELS_ONLY = 1 ] && exit 0
 
 trap '[ -n "$SERVER_PID" ] && kill "$SERVER_PID" 2>/dev/null; true' EXIT
-build "modelplane-operator:$TAG" Dockerfile.operator "$PYTHON_BASE" operator
-build "modelplane-triton-cpu:$TAG" Dockerfile.triton-cpu "$DEBIAN_BASE" triton-cpu
-build "modelplane-worker:$TAG" Dockerfile.worker "$PYTHON_BASE" worker
+build "hotset-operator:$TAG" Dockerfile.operator "$PYTHON_BASE" operator
+build "hotset-triton-cpu:$TAG" Dockerfile.triton-cpu "$DEBIAN_BASE" triton-cpu
+build "hotset-worker:$TAG" Dockerfile.worker "$PYTHON_BASE" worker
+
+# The tier's S3 server and OCI registry: binaries scripts/install-s3.sh and install-registry.sh
+# built, each alone FROM scratch (no wheels, no base).
+static_image() {  # static_image IMAGE DOCKERFILE BINARY [FILE...]: the files go into the build context
+  local image=$1 dockerfile=$2 binary=$3 start=$SECONDS context key; shift 3
+  [ -x "$binary" ] || { echo "build-images: $binary is missing (scripts/install-s3.sh, scripts/install-registry.sh)" >&2; exit 1; }
+  key=$( { cat "$dockerfile"; sha1sum "$binary"; } | sha1sum | cut -c1-12)
+  if [ "$(docker image inspect -f '{{ index .Config.Labels "hotset.inputs" }}' "$image" 2>/dev/null)" = "$key" ]; then
+    echo "build-images: $image is up to date"
+    return 0
+  fi
+  context=$(mktemp -d)
+  cp "$binary" "$context/" && cp "$dockerfile" "$context/Dockerfile"
+  printf '%s\n' "$@" > "$context/config.yml"
+  docker build -q --label hotset.inputs="$key" -t "$image" "$context" >/dev/null
+  rm -rf "$context"
+  echo "build-images: $image built in $((SECONDS - start)) s"
+}
+static_image "hotset-s3:$TAG" Dockerfile.s3 "$(ls -d "$CACHE"/tools/minio-*/minio 2>/dev/null | head -1)"
+static_image "hotset-registry:$TAG" Dockerfile.registry "$(ls -d "$CACHE"/tools/registry-*/registry 2>/dev/null | head -1)" \
+  "version: 0.1" "storage: {filesystem: {rootdirectory: /var/lib/registry}, delete: {enabled: true}}" \
+  "http: {addr: ':5000'}" "log: {level: warn}"

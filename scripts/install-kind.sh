@@ -3,8 +3,8 @@
 # machine, from the Go module proxy: kind itself, and for the locally built node
 # image (machines where no container registry answers) containerd 2.x, crictl,
 # etcd, a CoreDNS without the forward plugin, kube-router (pod routes and
-# NetworkPolicy), the pause program and modelplane-runc (the CAP_SYS_RESOURCE
-# shim, see docs/e2e.md). Outputs are cached under ~/.cache/modelplane keyed by
+# NetworkPolicy), the pause program and hotset-runc (the CAP_SYS_RESOURCE
+# shim, see docs/e2e.md). Outputs are cached under ~/.cache/hotset keyed by
 # version and never committed. The node's kubelet, kubeadm, kubectl and
 # kube-proxy come from `scripts/install-k8s.sh --node`.
 set -euo pipefail
@@ -44,7 +44,7 @@ wrapper_build() {
   local build="$dir/src"
   mkdir -p "$build"
   cp "$src/main.go" "$build/main.go"
-  printf 'module modelplane.local/%s\n\ngo 1.26\n\nrequire %s %s\n' "$name" "$module" "$version" > "$build/go.mod"
+  printf 'module hotset.local/%s\n\ngo 1.26\n\nrequire %s %s\n' "$name" "$module" "$version" > "$build/go.mod"
   local start=$SECONDS
   step "go build $name ($module $version)"
   (cd "$build" && GOFLAGS=-mod=mod go mod tidy >/dev/null \
@@ -65,12 +65,12 @@ wrapper_build "$TOOLS/coredns-$COREDNS_VERSION" coredns "$NODE_SRC/coredns" gith
 
 # Our own small programs: rebuilt when their source changes (keyed by its hash).
 shim_hash=$(cat "$NODE_SRC/runc-shim/main.go" "$NODE_SRC/runc-shim/go.mod" | sha1sum | cut -c1-12)
-shim_dir="$TOOLS/modelplane-runc-$shim_hash"
-if [ ! -x "$shim_dir/modelplane-runc" ]; then
+shim_dir="$TOOLS/hotset-runc-$shim_hash"
+if [ ! -x "$shim_dir/hotset-runc" ]; then
   mkdir -p "$shim_dir"
-  (cd "$NODE_SRC/runc-shim" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$shim_dir/modelplane-runc" .)
+  (cd "$NODE_SRC/runc-shim" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$shim_dir/hotset-runc" .)
 fi
-ln -sfn "$shim_dir" "$TOOLS/modelplane-runc"
+ln -sfn "$shim_dir" "$TOOLS/hotset-runc"
 pause_hash=$(sha1sum < "$NODE_SRC/pause/pause.c" | cut -c1-12)
 pause_dir="$TOOLS/pause-$pause_hash"
 if [ ! -x "$pause_dir/pause" ]; then

@@ -18,4 +18,4 @@ if [ ! -f "$stamp" ]; then
 fi
 
 scripts/install-triton.sh
-.venv/bin/modelplane-samples --out build/models
+.venv/bin/hotset-samples --out build/models

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds the kind node image for machines where no registry answers (test
 # infrastructure; see docs/e2e.md): the control-plane component images, pause,
-# CoreDNS and kube-router images (modelplane.local/*), then
-# modelplane.local/kind-node:$K8S_VERSION-<inputs hash> from e2e/kind/node/Dockerfile,
+# CoreDNS and kube-router images (hotset.local/*), then
+# hotset.local/kind-node:$K8S_VERSION-<inputs hash> from e2e/kind/node/Dockerfile,
 # and prints that tag last. Skips every image whose inputs did not change.
 # Needs a running Docker engine, scripts/base-images.sh's node base,
 # `scripts/install-k8s.sh --node` and scripts/install-kind.sh.
@@ -11,8 +11,8 @@ ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 NODE_SRC="$ROOT/e2e/kind/node"
 . "$ROOT/scripts/kind-versions.sh"
 K8S_BIN="$CACHE/k8s-$K8S_VERSION/bin"
-NODE_BASE=modelplane-base/node:bookworm
-REPO=modelplane.local
+NODE_BASE=hotset-base/node:bookworm
+REPO=hotset.local
 
 say() { echo "kind-node-image: $*" >&2; }
 exists() { docker image inspect "$1" >/dev/null 2>&1; }
@@ -22,12 +22,12 @@ component() {
   local image=$1 binary=$2 from=${3:-$NODE_BASE} name key ctx
   name=$(basename "$binary")
   key=$(cat "$binary" <(docker image inspect -f '{{.Id}}' "$from" 2>/dev/null || echo scratch) | sha1sum | cut -c1-12)
-  if [ "$(docker image inspect -f '{{ index .Config.Labels "modelplane.inputs" }}' "$image" 2>/dev/null)" = "$key" ]; then
+  if [ "$(docker image inspect -f '{{ index .Config.Labels "hotset.inputs" }}' "$image" 2>/dev/null)" = "$key" ]; then
     return 0
   fi
   ctx=$(mktemp -d)
   cp "$binary" "$ctx/$name"
-  printf 'FROM %s\nCOPY %s /usr/local/bin/%s\nLABEL modelplane.inputs=%s\nENTRYPOINT ["/usr/local/bin/%s"]\n' \
+  printf 'FROM %s\nCOPY %s /usr/local/bin/%s\nLABEL hotset.inputs=%s\nENTRYPOINT ["/usr/local/bin/%s"]\n' \
     "$from" "$name" "$name" "$key" "$name" > "$ctx/Dockerfile"
   docker build -q -t "$image" "$ctx" >/dev/null
   rm -rf "$ctx"
@@ -54,7 +54,7 @@ IMAGES=("$REPO/kube-apiserver:$K8S_VERSION" "$REPO/kube-controller-manager:$K8S_
 # The node image's tag carries a hash of everything that goes into it.
 kind_files=$(cd "$ROOT" && go mod download -json "sigs.k8s.io/kind@$KIND_VERSION" | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')/images/base/files
 binaries=("$TOOLS/containerd-$CONTAINERD_VERSION"/{containerd,containerd-shim-runc-v2,ctr} "$TOOLS/crictl-$CRICTL_VERSION/crictl"
-          "$TOOLS/modelplane-runc/modelplane-runc" "$K8S_BIN"/{kubelet,kubeadm,kubectl})
+          "$TOOLS/hotset-runc/hotset-runc" "$K8S_BIN"/{kubelet,kubeadm,kubectl})
 key=$( { docker image inspect -f '{{.Id}}' "$NODE_BASE" "${IMAGES[@]}"; cat "${binaries[@]}" "$NODE_SRC/Dockerfile";
          (cd "$NODE_SRC/files" && find . -type f | sort | xargs cat); } | sha1sum | cut -c1-12)
 NODE_IMAGE="$REPO/kind-node:$K8S_VERSION-$key"

@@ -5,4 +5,4 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
-PYTHONPATH="$ROOT/tests${PYTHONPATH:+:$PYTHONPATH}" exec .venv/bin/python -m modelplane_testing.kube_cluster --manifest "$ROOT/crds/servedmodel.yaml" "$@"
+PYTHONPATH="$ROOT/tests${PYTHONPATH:+:$PYTHONPATH}" exec .venv/bin/python -m hotset_testing.kube_cluster --manifest "$ROOT/crds/servedmodel.yaml" "$@"

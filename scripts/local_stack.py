@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Start a local modelplane stack on 127.0.0.1: a router in front of two workers, each with its own Triton sidecar.
+"""Start a local hotset stack on 127.0.0.1: a router in front of two workers, each with its own Triton sidecar.
 
 ``make run`` runs this file: it waits until the stack is ready, prints where
 to send requests and an example curl, and stops every process it started (by
@@ -24,14 +24,14 @@ ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 sys.path.insert(0, str(ROOT / "tests"))  # the process helpers the tests and benchmarks use too
 
-from modelplane_testing.processes import Process, free_port, spawn, wait_http  # noqa: E402
+from hotset_testing.processes import Process, free_port, spawn, wait_http  # noqa: E402
 
 
 def start_triton(name: str, repository: Path, log_dir: Path) -> Process:
     """A real tritonserver through the project's sidecar launcher, on free loopback ports."""
     repository.mkdir(parents=True, exist_ok=True)
     http_port = free_port()
-    argv = [str(BIN / "modelplane-triton"), "--model-repository", str(repository), "--host", "127.0.0.1",
+    argv = [str(BIN / "hotset-triton"), "--model-repository", str(repository), "--host", "127.0.0.1",
             "--http-port", str(http_port), "--grpc-port", str(free_port()), "--metrics-port", str(free_port())]
     return spawn(name, argv, log_dir / f"{name}.log", url=f"http://127.0.0.1:{http_port}")
 
@@ -48,9 +48,9 @@ def start_worker(
     launcher: Sequence[str] | None = None,
     host: str = "127.0.0.1",
 ) -> Process:
-    """A real ``modelplane-worker`` process (or `launcher`, which takes the same arguments)."""
+    """A real ``hotset-worker`` process (or `launcher`, which takes the same arguments)."""
     port = port or free_port()
-    argv = list(launcher or [str(BIN / "modelplane-worker")])
+    argv = list(launcher or [str(BIN / "hotset-worker")])
     argv += ["--model-store", str(model_store), "--host", host, "--port", str(port),
              "--memory-budget", memory_budget, "--pod-name", name,
              "--triton-url", triton.url.removeprefix("http://") if triton else ""]
@@ -69,7 +69,7 @@ def start_router(
     name: str = "router",
 ) -> Process:
     port = port or free_port()
-    argv = [str(BIN / "modelplane-router"), "--workers", ",".join(worker_urls), "--host", "127.0.0.1", "--port", str(port)]
+    argv = [str(BIN / "hotset-router"), "--workers", ",".join(worker_urls), "--host", "127.0.0.1", "--port", str(port)]
     if model_store is not None:
         argv += ["--model-store", str(model_store)]
     argv += list(extra_args)
@@ -166,14 +166,14 @@ def generative_model(model_store: Path) -> str | None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--port", type=int, default=int(os.environ.get("MODELPLANE_ROUTER_PORT", "8080")))
+    parser.add_argument("--port", type=int, default=int(os.environ.get("HOTSET_ROUTER_PORT", "8080")))
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--memory-budget", default="2Gi")
     parser.add_argument("--model-store", type=Path, default=ROOT / "build/models/model-store.json")
     parser.add_argument("--no-triton", action="store_true", help="start workers without Triton sidecars")
     args = parser.parse_args(argv)
     if not args.model_store.exists():
-        raise SystemExit(f"{args.model_store} is missing: run `.venv/bin/modelplane-samples --out build/models` first")
+        raise SystemExit(f"{args.model_store} is missing: run `.venv/bin/hotset-samples --out build/models` first")
     print(f"starting router on 127.0.0.1:{args.port} and {args.workers} workers (logs in build/stack/logs) ...", flush=True)
     stack = start_stack(args.model_store, args.workers, args.port, not args.no_triton, args.memory_budget)
     stop_requested = False
@@ -185,7 +185,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     signal.signal(signal.SIGTERM, request_stop)
     model, body = example_request(args.model_store)
     url = stack.router.url
-    print(f"\nmodelplane is ready: router {url}")
+    print(f"\nhotset is ready: router {url}")
     for worker, sidecar in zip(stack.workers, stack.sidecars or [None] * len(stack.workers)):
         print(f"  {worker.name}: {worker.url} (pid {worker.pid})" + (f", triton {sidecar.url} (pid {sidecar.pid})" if sidecar else ""))
     print("\ntry:")

@@ -1,0 +1,166 @@
+"""Thousands of small models in one worker: what a loaded copy costs beyond its weights, and warm latency.
+
+One ``hotset-worker`` (4 GiB budget, no model limit) with ``--copies``
+ServedModels in its store, each a copy of the same tiny BERT classifier (the
+``sentiment`` sample: hidden 32, 2 layers, ~0.1 MB of weights; every id is a
+model of its own, loaded from the same folder). The script:
+
+1. starts the worker, loads one copy (imports and first-load costs), and
+   reads its resident memory (RSS, and PSS where the kernel has it);
+2. loads every copy through ``POST /v2/repository/models/{id}/load`` (two at
+   a time, as the worker has two load threads) and reads the memory again:
+   per copy, (after - before) / copies, minus the copy's weights (the measured
+   bytes the worker reports) is what a copy costs beyond them;
+3. sends ``--requests`` warm ``POST /predict`` spread uniformly over every
+   copy, from ``--concurrency`` closed-loop clients, and prints p50/p99;
+4. times ``GET /models`` (paged and whole) and ``GET /metrics``, and counts
+   the series ``/metrics`` holds.
+
+Usage: .venv/bin/python benchmarks/worker_density.py [--copies 5000] [--requests 4000] [--concurrency 8]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+
+from hotset_testing.processes import free_port, spawn, wait_http  # noqa: E402
+
+VENV_BIN = Path(sys.executable).parent
+TEXT = "what a wonderful little movie"
+
+
+def memory_of(pid: int) -> dict[str, int]:
+    process = psutil.Process(pid)
+    figures = {"rss": process.memory_info().rss}
+    try:
+        figures["pss"] = process.memory_full_info().pss
+    except (psutil.AccessDenied, AttributeError):
+        pass
+    return figures
+
+
+async def load_all(url: str, ids: list[str], parallel: int = 2) -> float:
+    queue: asyncio.Queue[str] = asyncio.Queue()
+    for model in ids:
+        queue.put_nowait(model)
+    async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+        async def loader() -> None:
+            while not queue.empty():
+                model = queue.get_nowait()
+                answer = await client.post(f"/v2/repository/models/{model}/load")
+                answer.raise_for_status()
+
+        started = time.perf_counter()
+        await asyncio.gather(*(loader() for _ in range(parallel)))
+        return time.perf_counter() - started
+
+
+async def warm_requests(url: str, trace: list[str], concurrency: int) -> dict[str, Any]:
+    queue: asyncio.Queue[str] = asyncio.Queue()
+    for model in trace:
+        queue.put_nowait(model)
+    seconds: list[float] = []
+    failed = 0
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as client:
+        async def one_client() -> None:
+            nonlocal failed
+            while not queue.empty():
+                model = queue.get_nowait()
+                started = time.perf_counter()
+                answer = await client.post("/predict", json={"model_id": model, "input_data": TEXT})
+                seconds.append(time.perf_counter() - started)
+                failed += answer.status_code != 200
+
+        started = time.perf_counter()
+        await asyncio.gather(*(one_client() for _ in range(concurrency)))
+        wall = time.perf_counter() - started
+    seconds.sort()
+    return {"requests": len(seconds), "failed": failed, "req_s": round(len(seconds) / wall, 1),
+            "p50_ms": round(seconds[len(seconds) // 2] * 1000, 2),
+            "p99_ms": round(seconds[int(0.99 * len(seconds))] * 1000, 2),
+            "mean_ms": round(statistics.fmean(seconds) * 1000, 2)}
+
+
+def timed_get(url: str, path: str, repeat: int = 3) -> tuple[float, int]:
+    """Median milliseconds of `repeat` GETs, and the answer's size in bytes."""
+    times, size = [], 0
+    for _ in range(repeat):
+        started = time.perf_counter()
+        answer = httpx.get(url + path, timeout=60)
+        times.append((time.perf_counter() - started) * 1000)
+        size = len(answer.content)
+    return statistics.median(times), size
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--copies", type=int, default=5000)
+    parser.add_argument("--requests", type=int, default=4000)
+    parser.add_argument("--concurrency", type=int, default=8)
+    args = parser.parse_args()
+    from hotset_worker import samples
+
+    store_root = samples.generate(REPO / "build" / "models")
+    source = (store_root.parent / "sentiment").resolve()
+    ids = [f"tiny-{index:05d}" for index in range(args.copies)]
+    with tempfile.TemporaryDirectory(prefix="density-") as scratch:
+        store = Path(scratch) / "store.json"
+        store.write_text(json.dumps({"models": [
+            {"id": model, "framework": "transformers", "task": "text-classification", "source": source.as_uri(),
+             "memory": "1Mi"} for model in ids]}))
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        argv = [str(VENV_BIN / "hotset-worker"), "--model-store", str(store), "--port", str(port),
+                "--memory-budget", "4Gi", "--log-level", "warning"]
+        with spawn("worker", argv, Path(scratch) / "worker.log", url=url, own_session=True, stop_timeout_s=60) as child:
+            wait_http(child, "/v2/health/ready", 300)
+            asyncio.run(load_all(url, ids[:1], 1))
+            asyncio.run(warm_requests(url, ids[:1] * 20, 1))
+            before = memory_of(child.pid)
+            load_s = asyncio.run(load_all(url, ids[1:]))
+            after_loads = memory_of(child.pid)
+            metrics = httpx.get(f"{url}/metrics", timeout=60).text
+            used = next(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+                        if line.startswith("hotset_memory_used_bytes{"))
+            weights = used / args.copies
+            trace = random.Random(1).choices(ids, k=args.requests)
+            warm = asyncio.run(warm_requests(url, trace, args.concurrency))
+            after_requests = memory_of(child.pid)
+            models_paged = timed_get(url, "/models?limit=100")
+            models_whole = timed_get(url, "/models")
+            metrics_time = timed_get(url, "/metrics")
+            series = sum(1 for line in httpx.get(f"{url}/metrics", timeout=60).text.splitlines()
+                         if line and not line.startswith("#"))
+    copies = args.copies - 1
+    for name in before:
+        per_copy = (after_loads[name] - before[name]) / copies
+        print(f"{name}: {before[name] / 2**20:.0f} MiB with one copy, {after_loads[name] / 2**20:.0f} MiB with "
+              f"{args.copies}, {after_requests[name] / 2**20:.0f} MiB after the requests; per copy "
+              f"{per_copy / 2**20:.3f} MiB, of which weights {weights / 2**20:.3f} MiB: "
+              f"{(per_copy - weights) / 2**20:.3f} MiB beyond its weights (target <= 0.5)")
+        per_copy_after = (after_requests[name] - before[name]) / copies
+        print(f"  after every copy served requests: {(per_copy_after - weights) / 2**20:.3f} MiB beyond its weights")
+    print(f"loads: {copies} in {load_s:.1f} s ({copies / load_s:.0f}/s)")
+    print(f"warm requests over {args.copies} copies at concurrency {args.concurrency}: {json.dumps(warm)} (target p99 <= 10 ms)")
+    print(f"GET /models?limit=100: {models_paged[0]:.1f} ms, {models_paged[1]} bytes; "
+          f"GET /models: {models_whole[0]:.1f} ms, {models_whole[1]} bytes")
+    print(f"GET /metrics: {metrics_time[0]:.1f} ms, {metrics_time[1]} bytes, {series} samples")
+
+
+if __name__ == "__main__":
+    main()

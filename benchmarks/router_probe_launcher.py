@@ -28,7 +28,7 @@ import uvicorn
 from hotset_common import quantity
 from hotset_router import main as router_main
 from hotset_router.api import create_app
-from hotset_router.inference_asgi import Limits
+from hotset_router.flood import Limits
 from hotset_router.service import RouterService
 
 

@@ -21,7 +21,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from hotset_common import errors, http, wire
 from hotset_common.http import error_body, install_error_handler
 from hotset_common.wire import CopyState
-from hotset_router.inference_asgi import InferenceRoutes, Limits, metric_label
+from hotset_router.flood import FloodGuard, Limits
+from hotset_router.inference_asgi import InferenceRoutes, metric_label
 from hotset_router.openai_asgi import OpenAIRoutes
 from hotset_router.service import RouterService
 from hotset_router.upstream import PASSED_RESPONSE_HEADERS, UpstreamResponse
@@ -187,6 +188,7 @@ def create_app(service: RouterService, admin_token: str | None = None, max_body_
         body = await asyncio.to_thread(generate_latest, metrics.registry)
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
-    limits = limits or Limits(max_body_bytes=max_body_bytes)
-    inference = InferenceRoutes(app, router, metrics, dataclasses.replace(limits, max_body_bytes=max_body_bytes))
-    return OpenAIRoutes(inference, service, max_body_bytes)
+    limits = dataclasses.replace(limits or Limits(), max_body_bytes=max_body_bytes)
+    # One guard for every inference route: a flood on one protocol counts against the same bounds.
+    guard = FloodGuard(limits, lambda model: bool(router.model_map.ready_copies(model)), router.retry_after_s)
+    return OpenAIRoutes(InferenceRoutes(app, router, metrics, guard), service, guard)

@@ -17,7 +17,7 @@ import uvicorn
 
 from hotset_common import labels, quantity
 from hotset_router.api import DEFAULT_MAX_BODY_BYTES, create_app
-from hotset_router.inference_asgi import Limits
+from hotset_router.flood import Limits
 from hotset_router.discovery import Discovery, KubeDiscovery, StaticDiscovery, read_model_store
 from hotset_router.replication import ReplicationSettings
 from hotset_router.service import RouterService, RouterSettings

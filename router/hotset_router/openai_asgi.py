@@ -20,7 +20,8 @@ from typing import Any, Mapping
 
 from hotset_common import errors, openai_wire
 from hotset_common.spec import Task
-from hotset_router.inference_asgi import ASGIApp, Receive, Scope, Send, metric_label, read_body
+from hotset_router.flood import FloodGuard, Ticket
+from hotset_router.inference_asgi import ASGIApp, Receive, Scope, Send, metric_label
 from hotset_router.service import RouterService
 from hotset_router.upstream import PASSED_RESPONSE_HEADERS, UpstreamStream
 
@@ -50,12 +51,12 @@ async def wait_for_disconnect(receive: Receive) -> None:
 class OpenAIRoutes:
     """Serves the OpenAI routes itself and hands every other request to `app`."""
 
-    def __init__(self, app: ASGIApp, service: RouterService, max_body_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, service: RouterService, guard: FloodGuard) -> None:
         self.app = app
         self.service = service
         self.router = service.router
         self.metrics = service.metrics
-        self.max_body_bytes = max_body_bytes
+        self.guard = guard
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -80,23 +81,30 @@ class OpenAIRoutes:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         model: str | None = None
         code = 500
+        ticket: Ticket | None = None
         try:
-            body = await read_body(receive, headers, self.max_body_bytes)
-            request = openai_wire.peek(body)
-            model = request.model
-            base = self.service.sync.catalog.base_of(model)
-            answer = await self.router.open_stream(model, "POST", scope["path"], body, headers,
-                                                   prefix=request.prefix, base=base)
-        except errors.HotsetError as exc:
-            code, payload = openai_wire.body_of_error(exc)
-            await respond_json(send, code, payload, exc.headers)
-            self._record(model, code, started)
-            return
-        code = answer.status_code
-        try:
-            await self._pass_on(answer, receive, send)
+            try:
+                ticket = self.guard.admit(headers)
+                body = await self.guard.read_body(ticket, receive, headers)
+                request = openai_wire.peek(body)
+                model = request.model
+                self.guard.wait_cold(ticket, model)
+                base = self.service.sync.catalog.base_of(model)
+                answer = await self.router.open_stream(model, "POST", scope["path"], body, headers,
+                                                       prefix=request.prefix, base=base)
+                self.guard.done_waiting(ticket)
+            except errors.HotsetError as exc:
+                code, payload = openai_wire.body_of_error(exc)
+                await respond_json(send, code, payload, exc.headers)
+                return
+            code = answer.status_code
+            try:
+                await self._pass_on(answer, receive, send)
+            finally:
+                answer.close()
         finally:
-            answer.close()
+            if ticket is not None:
+                self.guard.release(ticket)  # a stream counts until it ends
             self._record(model, code, started)
 
     async def _pass_on(self, answer: UpstreamStream, receive: Receive, send: Send) -> None:

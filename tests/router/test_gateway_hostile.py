@@ -1,7 +1,8 @@
 """Hostile and unusual requests through a real router to real workers (issue 11's router findings).
 
-Floods of large bodies are refused with 503 + Retry-After before they are read, a ``/predict``
-body's model id is read without building its input, requests waiting for a cold model are
+Floods of large bodies are refused with 503 + Retry-After before they are read (on every
+inference route: the OpenAI routes share the budget), a ``/predict`` body's model id and an OpenAI
+body's model and prefix are read without building the rest, requests waiting for a cold model are
 bounded, ``%3F`` stays inside its path segment, gzip bodies keep their Content-Encoding, model
 metadata never loads a model, and the status loop outlives a pod that does not speak HTTP or
 that is briefly too busy to answer. Issue 18's: no body shape gets a 500 (a body nested 20,000
@@ -17,6 +18,7 @@ import os
 import signal
 import socket
 import threading
+from typing import Callable, TypeVar
 
 import httpx
 import psutil
@@ -25,6 +27,7 @@ import pytest
 from gateway_helpers import wait_for, worker_models, write_ballast_store
 
 pytestmark = pytest.mark.slow
+T = TypeVar("T")
 
 
 def post(url: str, path: str, **kwargs) -> httpx.Response:
@@ -75,7 +78,15 @@ def test_a_predict_body_is_routed_without_building_its_input(stack) -> None:
     ~100 MB per body (two such bodies exhausted a 1 GiB router)."""
     _, router = stack
     body = b'{"input_data": [' + b",".join([b"1.25"] * 2_000_000) + b'], "model_id": "a"}'
-    process = psutil.Process(router.pid)
+    grew, answers = growth_while(router.pid, lambda: [post(router.url, "/predict", content=body,
+                                                           headers={"content-type": "application/json"}) for _ in range(2)])
+    assert [a.status_code for a in answers] == [200, 200], answers[0].text[:300]
+    assert grew < 60 * 2**20, f"router grew {grew / 2**20:.0f} MiB"
+
+
+def growth_while(pid: int, send: Callable[[], T]) -> tuple[int, T]:
+    """How far the process's resident memory rose above where it was while `send()` ran, and what it returned."""
+    process = psutil.Process(pid)
     before = process.memory_info().rss
     peak = [before]
     done = threading.Event()
@@ -88,13 +99,56 @@ def test_a_predict_body_is_routed_without_building_its_input(stack) -> None:
     watcher = threading.Thread(target=watch)
     watcher.start()
     try:
-        for _ in range(2):
-            answer = post(router.url, "/predict", content=body, headers={"content-type": "application/json"})
-            assert answer.status_code == 200, answer.text[:300]
+        result = send()
     finally:
         done.set()
         watcher.join()
-    assert peak[0] - before < 60 * 2**20, f"router grew {(peak[0] - before) / 2**20:.0f} MiB"
+    return peak[0] - before, result
+
+
+def test_an_openai_body_is_routed_without_building_it(stack) -> None:
+    """A 4 MiB body of ``[],`` (json.loads held 90 MiB of it) and a conversation of 1.4 million empty
+    messages: the router reads model, stream and prefix in one pass that builds neither."""
+    worker, router = stack
+    not_an_object = b"[" + b"[]," * 1_400_000 + b"[]]"
+    many_messages = b'{"model": "a", "messages": [' + b"{}," * 1_400_000 + b'{}], "stream": true}'
+    headers = {"content-type": "application/json"}
+    grew, (shape, many) = growth_while(router.pid, lambda: [
+        post(router.url, "/v1/chat/completions", content=body, headers=headers) for body in (not_an_object, many_messages)])
+    assert grew < 40 * 2**20, f"router grew {grew / 2**20:.0f} MiB"
+    assert shape.status_code == 400 and "must be a JSON object" in shape.json()["error"]["message"], shape.text[:300]
+    assert many.status_code in (400, 404), many.text[:300]  # the worker's answer: `a` generates nothing
+    assert post(router.url, "/predict", json={"model_id": "a", "input_data": [1]}).status_code == 200
+
+
+def hold_a_body(url: str, declared: int) -> socket.socket:
+    """A /predict request that declares `declared` bytes and sends only its first few: the router
+    holds its reservation until the connection closes."""
+    host, port = url.removeprefix("http://").split(":")
+    held = socket.create_connection((host, int(port)))
+    held.sendall(f"POST /predict HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json\r\n"
+                 f"content-length: {declared}\r\n\r\n{{\"model_id\": \"a\", ".encode())
+    return held
+
+
+def test_openai_bodies_count_against_the_same_in_flight_budget(stack) -> None:
+    """The OpenAI routes had no flood bounds: any number of 64 MiB bodies could be held at once.
+    A seed-API body holding 20 of the router's 24 MiB leaves no room for a 7 MiB chat body."""
+    _, router = stack
+    chat = json.dumps({"model": "a", "messages": [{"role": "user", "content": "x" * 7 * 2**20}]}).encode()
+
+    def chat_answer() -> httpx.Response:
+        return post(router.url, "/v1/chat/completions", content=chat, headers={"content-type": "application/json"})
+
+    held = hold_a_body(router.url, 20 * 2**20)
+    try:
+        (refused,) = wait_for(lambda: (a := chat_answer()).status_code == 503 and (a,), "the chat body to be refused")
+        assert "request bodies" in refused.json()["error"]["message"] and refused.headers["Retry-After"] == "1"
+    finally:
+        held.close()
+    # The held body's bytes come back with its connection: the chat body reaches the worker again.
+    wait_for(lambda: chat_answer().status_code != 503, "the budget to come back")
+    assert post(router.url, "/predict", json={"model_id": "a", "input_data": [1]}).status_code == 200
 
 
 def nested(depth: int, leaf: str = "1") -> str:

@@ -106,6 +106,12 @@ class PayloadTooLarge(HotsetError):
     status_code = 413
 
 
+class ClientClosedRequest(HotsetError):
+    """The client went away before its answer was ready; the work for it was stopped. 499 is
+    nginx's code for this: no client reads it, the metrics and logs do."""
+    status_code = 499
+
+
 class ModelLoadFailed(HotsetError):
     """The model's files are missing or corrupt, or its framework refused them."""
     status_code = 500

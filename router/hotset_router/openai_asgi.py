@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import Any, Mapping
+from typing import Any, Awaitable, Mapping
 
 from hotset_common import errors, openai_wire
 from hotset_common.spec import Task
@@ -82,6 +82,7 @@ class OpenAIRoutes:
         model: str | None = None
         code = 500
         ticket: Ticket | None = None
+        gone: asyncio.Future | None = None
         try:
             try:
                 ticket = self.guard.admit(headers)
@@ -90,8 +91,9 @@ class OpenAIRoutes:
                 model = request.model
                 self.guard.wait_cold(ticket, model)
                 base = self.service.sync.catalog.base_of(model)
-                answer = await self.router.open_stream(model, "POST", scope["path"], body, headers,
-                                                       prefix=request.prefix, base=base)
+                gone = asyncio.ensure_future(wait_for_disconnect(receive))
+                answer = await self._open(gone, self.router.open_stream(model, "POST", scope["path"], body, headers,
+                                                                         prefix=request.prefix, base=base))
                 self.guard.done_waiting(ticket)
             except errors.HotsetError as exc:
                 code, payload = openai_wire.body_of_error(exc)
@@ -99,30 +101,46 @@ class OpenAIRoutes:
                 return
             code = answer.status_code
             try:
-                await self._pass_on(answer, receive, send)
+                await self._pass_on(answer, gone, send)
             finally:
                 answer.close()
         finally:
+            if gone is not None:
+                gone.cancel()
             if ticket is not None:
                 self.guard.release(ticket)  # a stream counts until it ends
             self._record(model, code, started)
 
-    async def _pass_on(self, answer: UpstreamStream, receive: Receive, send: Send) -> None:
-        """The worker's status and headers, then each chunk as it arrives, until either side ends."""
+    @staticmethod
+    async def _open(gone: asyncio.Future, opening: Awaitable[UpstreamStream]) -> UpstreamStream:
+        """The worker's answer as it starts, unless the client leaves first (a whole answer starts only
+        when it is done): then the call is cancelled, which closes the worker's connection, and the
+        worker stops generating."""
+        task = asyncio.ensure_future(opening)
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            return task.result()
+        task.cancel()
+        results = await asyncio.gather(task, return_exceptions=True)
+        if isinstance(results[0], UpstreamStream):
+            results[0].close()
+        raise errors.ClientClosedRequest("the client went away before its answer started")
+
+    async def _pass_on(self, answer: UpstreamStream, gone: asyncio.Future, send: Send) -> None:
+        """The worker's status and headers, then each chunk as it arrives, until either side ends
+        (`gone`: the client left)."""
         passed = {k.lower(): v for k, v in answer.headers.items() if k.lower() in PASSED_RESPONSE_HEADERS}
         if passed.get("content-type", "").startswith(openai_wire.EVENT_STREAM):
             passed.update(STREAM_HEADERS)
         await send({"type": "http.response.start", "status": answer.status_code, "headers": _raw_headers(passed)})
-        gone = asyncio.ensure_future(wait_for_disconnect(receive))
+        if gone.done():
+            return
         gone.add_done_callback(lambda _: answer.close())  # drops the worker's connection: it stops generating
-        try:
-            async for chunk in answer.chunks():
-                if gone.done():
-                    return
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-        finally:
-            gone.cancel()
+        async for chunk in answer.chunks():
+            if gone.done():
+                return
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     def _record(self, model: str | None, code: int, started: float) -> None:
         if model is None:

@@ -167,6 +167,27 @@ def test_a_client_that_leaves_mid_stream_stops_the_generation_and_frees_the_mode
     assert generated < 120, f"{generated} tokens generated for a client that left after 3"
 
 
+def test_a_client_that_leaves_before_a_whole_answer_stops_the_generation(stack) -> None:
+    """A whole (not streamed) answer starts only when it is done, so the router must watch for the
+    client leaving while it waits, and close the worker's connection: the worker then stops."""
+    long = {"model": "tiny-chat", "prompt": "once upon a time", "max_tokens": 240, "min_tokens": 240, "temperature": 1.0}
+    url = f"{stack.router.url}/v1/completions"
+    assert httpx.post(url, json={**long, "max_tokens": 2, "min_tokens": 0}, timeout=120).status_code == 200  # loaded
+    started = time.perf_counter()
+    assert httpx.post(url, json=long, timeout=120).status_code == 200  # timed whole
+    whole_s = time.perf_counter() - started
+    (pod,) = copies(stack.router.url, "tiny-chat")
+    worker = next(w for w in stack.workers if w.name == pod)
+    before = worker_metric(worker.url, "hotset_output_tokens_total", model="tiny-chat")
+    with pytest.raises(httpx.ReadTimeout):  # the client gives up a quarter of the way in
+        httpx.post(url, json=long, timeout=httpx.Timeout(120, read=whole_s / 4))
+    wait_for(lambda: worker_metric(worker.url, "hotset_inflight_requests", model="tiny-chat") == 0
+             and worker_metric(worker.url, "hotset_output_tokens_total", model="tiny-chat") > before,
+             "the worker to stop the abandoned request", timeout=30)
+    generated = worker_metric(worker.url, "hotset_output_tokens_total", model="tiny-chat") - before
+    assert generated < 180, f"{generated:.0f} of 240 tokens generated for a client that left a quarter of the way in"
+
+
 def test_token_metrics_are_reported_per_model(client, stack) -> None:
     client.chat.completions.create(model="tiny-chat", messages=SKY, temperature=0, stream=True).close()
     list(client.chat.completions.create(model="tiny-chat", messages=SKY, temperature=0, stream=True))

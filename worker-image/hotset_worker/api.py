@@ -249,8 +249,7 @@ def create_app(
         return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     # ----- OpenAI-compatible API (openai_routes.py) --------------------------
-    openai_routes.install(app, manager, metrics, max_body_bytes=max_body_bytes, timeout_of=timeout_of,
-                         embed=dataplane.embed)
+    openai_routes.install(app, dataplane, metrics, max_body_bytes=max_body_bytes, timeout_of=timeout_of)
 
     return app
 

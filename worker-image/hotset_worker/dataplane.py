@@ -1,4 +1,5 @@
-"""The inference entry points that the seed API and OIP v2 both call.
+"""The inference entry points that the seed API and OIP v2 both call, and the admission path
+(``DataPlane.hold``) that the OpenAI routes share with them.
 
 Each request: wait for one of the model's slots when its spec limits its
 concurrency (``limits.py``), get-or-load the model through the manager
@@ -70,7 +71,7 @@ class DataPlane:
     def close(self) -> None:
         self._inference.shutdown(wait=False, cancel_futures=True)
 
-    def _deadline(self, spec: ModelSpec, timeout_s: float | None) -> float | None:
+    def deadline_of(self, spec: ModelSpec, timeout_s: float | None) -> float | None:
         """When the request must have its model (the manager's clock): the caller's budget
         (default: the manager's request timeout), capped by the model's ``timeoutSeconds``; None
         when it is the manager's default alone."""
@@ -82,9 +83,11 @@ class DataPlane:
         return self.manager.clock.now() + budget
 
     @contextlib.asynccontextmanager
-    async def _model(self, spec: ModelSpec, timeout_s: float | None, timing: RequestTiming) -> AsyncIterator[FrameworkWorker]:
-        """The model's slot (its concurrency limit), then its loaded copy, within the request's deadline."""
-        deadline = self._deadline(spec, timeout_s)
+    async def hold(self, spec: ModelSpec, timeout_s: float | None, timing: RequestTiming) -> AsyncIterator[FrameworkWorker]:
+        """The one admission path of every protocol's requests (seed, OIP v2, OpenAI): the model's
+        slot (its maxConcurrency), then its loaded copy, within the request's deadline (capped by
+        its timeoutSeconds), counted in flight for the block."""
+        deadline = self.deadline_of(spec, timeout_s)
         if spec.max_concurrency is None:
             async with self.manager.use(spec.id, timing=timing, deadline=deadline) as worker:
                 self.metrics.request_started(spec)
@@ -112,7 +115,7 @@ class DataPlane:
         timing = timing or RequestTiming()
         async with self._request(model_id, variant) as outcome:
             spec = outcome.spec
-            async with self._model(spec, timeout_s, timing) as worker:
+            async with self.hold(spec, timeout_s, timing) as worker:
                 batcher = self.batchers.for_copy(spec, worker)
                 if batcher is not None:
                     return await self._batched(spec, timing, batcher, estimated_rows(input_data),
@@ -139,7 +142,7 @@ class DataPlane:
             check_version(spec, version)
             loaded = self.manager.loaded_worker(spec.id)
             request = None if loaded is not None and loaded.forwards_infer() else await _off_loop(len(body), decode)
-            async with self._model(spec, timeout_s, timing) as worker:
+            async with self.hold(spec, timeout_s, timing) as worker:
                 if request is None:
                     forwarded = await self._forward(spec, worker, body, headers)
                     if forwarded is not None:

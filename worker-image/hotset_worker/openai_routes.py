@@ -1,9 +1,13 @@
 """The worker's OpenAI-compatible routes: ``/v1/models``, completions, chat completions, embeddings.
 
-Each request holds its model through the manager like every other request
-(admission queue, cold load, never unloaded under it) for as long as its
-answer lasts, streams included. A LoRA adapter holds its base model first,
-so the engine it runs in cannot be evicted under it. Then, by framework:
+Each request holds its model through the data plane's one admission path
+(``DataPlane.hold``: the model's maxConcurrency slot, its timeoutSeconds
+cap, the admission queue, a cold load, the in-flight count) like every other
+protocol's request, for as long as its answer lasts, streams included. A
+LoRA adapter holds its base model first, so the engine it runs in cannot be
+evicted under it. A client that goes away stops its work: a stream at its
+next event, a whole answer (a generation, an embedding, an engine's
+request) at once, recorded as 499. Then, by framework:
 
 - an engine that speaks the OpenAI API itself (vLLM: ``open_openai``) gets
   the body untouched and its answer goes back as it arrives, event by event;
@@ -23,7 +27,7 @@ import json
 import logging
 import threading
 import time
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
 
 import anyio
 from fastapi import FastAPI, Request, Response
@@ -32,9 +36,10 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from hotset_common import errors, http, openai_wire
 from hotset_common.openai_wire import OpenAIError
 from hotset_common.spec import ModelSpec, Task
+from hotset_worker.dataplane import DataPlane
 from hotset_worker.frameworks.base import FrameworkWorker, StreamedResponse
 from hotset_worker.generation import GenerationRequest, GenerationResult
-from hotset_worker.manager import ModelManager, RequestTiming
+from hotset_worker.manager import RequestTiming
 from hotset_worker.metrics import WorkerMetrics
 from hotset_worker.token_meter import EventCounter, TokenMeter, usage_of
 
@@ -46,14 +51,13 @@ COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions (cha
 STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 TimeoutOf = Callable[[Request], "float | None"]
-# The data plane's embeddings of a held copy (batched with the copy's other requests).
-Embed = Callable[[ModelSpec, FrameworkWorker, "list[str]", RequestTiming], Awaitable["tuple[list[list[float]], int]"]]
+T = TypeVar("T")
 
 
-def install(app: FastAPI, manager: ModelManager, metrics: WorkerMetrics, *, max_body_bytes: int,
-            timeout_of: TimeoutOf, embed: Embed) -> None:
+def install(app: FastAPI, dataplane: DataPlane, metrics: WorkerMetrics, *, max_body_bytes: int,
+            timeout_of: TimeoutOf) -> None:
     """Add the OpenAI routes to the worker's app."""
-    routes = OpenAIRoutes(manager, metrics, max_body_bytes, timeout_of, embed)
+    routes = OpenAIRoutes(dataplane, metrics, max_body_bytes, timeout_of)
 
     @app.get(openai_wire.MODELS)
     async def list_models() -> dict[str, Any]:
@@ -93,11 +97,14 @@ class _Request:
         self.finished = False
 
     async def hold(self, timeout_s: float | None) -> FrameworkWorker:
-        """Get-or-load the model (and first its base, for an adapter) and keep it until ``finish``."""
-        manager = self.routes.manager
+        """Admit the request (``DataPlane.hold``: slot, deadline, get-or-load, in flight), first
+        holding an adapter's base within the same deadline, and keep both until ``finish``."""
+        dataplane = self.routes.dataplane
         if self.spec.base_model:
-            await self.held.enter_async_context(manager.use(self.spec.base_model, timeout_s, self.timing))
-        return await self.held.enter_async_context(manager.use(self.spec.id, timeout_s, self.timing))
+            deadline = dataplane.deadline_of(self.spec, timeout_s)
+            await self.held.enter_async_context(
+                dataplane.manager.use(self.spec.base_model, timing=self.timing, deadline=deadline))
+        return await self.held.enter_async_context(dataplane.hold(self.spec, timeout_s, self.timing))
 
     def count_tokens(self) -> None:
         self.metered = True
@@ -145,10 +152,10 @@ class _Relay:
 
 
 class OpenAIRoutes:
-    def __init__(self, manager: ModelManager, metrics: WorkerMetrics, max_body_bytes: int, timeout_of: TimeoutOf,
-                 embed: Embed) -> None:
-        self.embed = embed
-        self.manager = manager
+    def __init__(self, dataplane: DataPlane, metrics: WorkerMetrics, max_body_bytes: int, timeout_of: TimeoutOf) -> None:
+        self.dataplane = dataplane
+        self.embed = dataplane.embed  # batched with the copy's other requests
+        self.manager = dataplane.manager
         self.metrics = metrics
         self.max_body_bytes = max_body_bytes
         self.timeout_of = timeout_of
@@ -167,12 +174,7 @@ class OpenAIRoutes:
             spec = self.manager.store.get(openai_wire.peek(raw).model)
             state = _Request(self, spec, arrived)
             check_task(spec, route)
-            worker = await state.hold(self.timeout_of(request))
-            if worker.forwards_openai():
-                return await self._forward(state, worker, route, raw, request)
-            if route == openai_wire.EMBEDDINGS:
-                return await self._embed(state, worker, raw)
-            return await self._generate(state, worker, route, raw)
+            return await unless_the_client_leaves(request, self._answer(state, route, raw, request))
         except errors.HotsetError as exc:
             if state is not None:
                 state.code = openai_wire.body_of_error(exc)[0]
@@ -185,6 +187,14 @@ class OpenAIRoutes:
             if state is not None:
                 await state.finish()
             return error_response(errors.HotsetError(f"internal error: {type(exc).__name__}: {exc}"))
+
+    async def _answer(self, state: _Request, route: str, raw: bytes, request: Request) -> Response:
+        worker = await state.hold(self.timeout_of(request))
+        if worker.forwards_openai():
+            return await self._forward(state, worker, route, raw, request)
+        if route == openai_wire.EMBEDDINGS:
+            return await self._embed(state, worker, raw)
+        return await self._generate(state, worker, route, raw)
 
     # ----- an engine that answers OpenAI requests itself -----------------------------------
 
@@ -257,6 +267,30 @@ class OpenAIRoutes:
             return StreamingResponse(answer.events(), media_type=openai_wire.EVENT_STREAM,
                                      headers={**STREAM_HEADERS, "Server-Timing": state.timing.header()})
         return await answer.whole()
+
+
+async def unless_the_client_leaves(request: Request, work: Awaitable[T]) -> T:
+    """`work`'s result, unless the client goes away first: then `work` is cancelled (a generation
+    stops at its next token, an engine's request is closed, the model is released) and the
+    request ends as 499. A stream's answer is handed on once it starts; its own disconnect watch
+    (Starlette's) takes over from there."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    raise errors.ClientClosedRequest("the client went away before its answer was ready")
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client has gone (its body was read whole before)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def check_task(spec: ModelSpec, route: str) -> None:

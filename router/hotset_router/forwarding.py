@@ -9,8 +9,9 @@
   and serves it as soon as it is ready (one load however many requests join).
 - Every attempt tells the worker the time left (``X-Hotset-Timeout``) and
   counts in the copy's in-flight requests while it lasts.
-- Scale from zero: with no pod able to serve the model, the request first
-  waits (within its deadline) while one starts (pod_waiter.py).
+- With no ready pod able to serve the model (pods starting, or scaled to
+  zero), the request first waits (within its deadline) while one starts
+  (pod_waiter.py).
 - Streams (the OpenAI routes) take the same path and return as soon as the
   answer starts; the copy counts the request until the caller closes it.
 """
@@ -112,8 +113,8 @@ class Forwarder:
         raise errors.BackendUnavailable(f"no ready copy of {model!r} answered", self.retry_after_s)
 
     async def hold_for_pod(self, model: str, deadline: float) -> None:
-        """Scale from zero: with no pod able to serve `model`, wait (within `deadline`) while one starts
-        (pod_waiter.py); at once otherwise, and always in standalone mode."""
+        """With no ready pod able to serve `model`, wait (within `deadline`) while one starts
+        (pod_waiter.py); at once otherwise."""
         if self.pod_waiter is not None:
             await self.pod_waiter.wait(model, deadline)
 

@@ -1,13 +1,19 @@
-"""Scale from zero: a request for a model no ready pod can serve waits while a pod of it starts.
+"""Wait, don't refuse, while pods start: a request for a model no ready pod can serve waits for one.
 
-A dedicated group with ``replicas.min: 0`` (or a pool allowed to shrink to
-no pods) has no pod after its idle time. The first request for it then finds
-no pod whose catalog lists the model. Instead of answering 503 at once, the
-router asks the operator for a pod (it annotates the model's ServedModel
-with ``hotset.io/wanted-at``: the one write the router makes), and holds
-the request until the status sync brings a ready pod that can serve it (the
-normal path then forwards it: a cold load on the new pod), or answers 503
-with Retry-After once the request's deadline passes. Nothing polls on
+In every mode a request can find no ready pod for its model while one is on
+its way: a worker of a static ``--workers`` list still starting (it answers,
+it is not ready yet: its pinned models are loading), a rolling pool's new
+pods, or a dedicated group with ``replicas.min: 0`` (or a pool allowed to
+shrink to no pods) scaled to zero after its idle time. Instead of answering
+503 at once (a load test started right after the stack came up failed 600 of
+600 requests in a second), the router holds the request until the status
+sync brings a ready pod that can serve it (the normal path then forwards
+it, a cold load there if need be), or answers 503 with Retry-After once the
+request's deadline passes. A model waits when a ServedModel (or the
+router's ``--model-store``) declares it or some pod's catalog lists it; a
+model nobody knows is answered at once (404). In cluster mode the router
+also asks the operator for a pod: it annotates the model's ServedModel with
+``hotset.io/wanted-at``, the one write the router makes. Nothing polls on
 the request path: the request waits for the sync's next pass.
 """
 from __future__ import annotations
@@ -32,7 +38,7 @@ class MarksWanted(Protocol):
 
 
 class PodWaiter:
-    def __init__(self, model_map: ModelMap, sync: StatusSync, discovery: Discovery, marker: MarksWanted,
+    def __init__(self, model_map: ModelMap, sync: StatusSync, discovery: Discovery, marker: MarksWanted | None,
                  eligible: Callable[[str, str], bool], metrics: RouterMetrics, retry_after_s: int = 5,
                  wall: Callable[[], float] = time.time) -> None:
         self.model_map = model_map
@@ -53,21 +59,28 @@ class PodWaiter:
         return any(self.eligible(model, pod.url) for pod in self.model_map.pods_with_catalog(model))
 
     async def wait(self, model: str, deadline: float) -> None:
-        """Hold until a pod can serve `model`; at once when one can, or when no ServedModel declares the
-        model (the normal path answers then). Past `deadline` (event-loop time): 503 + Retry-After."""
-        if self.can_serve(model) or self.discovery.spec_of(model) is None:
+        """Hold until a pod can serve `model`; at once when one can, or when nothing declares or lists
+        the model (the normal path answers then). Past `deadline` (event-loop time): 503 + Retry-After."""
+        if self.can_serve(model):
             return
+        declared = self.discovery.spec_of(model) is not None
+        if not declared and not self.model_map.is_known(model):
+            return
+        asks = declared and self.marker is not None
         loop = asyncio.get_running_loop()
         started = loop.time()
-        log.info("no pod can serve %s: asking for one and holding the request (%.0fs left)", model, deadline - started)
+        log.info("no ready pod can serve %s: %sholding the request (%.0fs left)", model,
+                 "asking for one and " if asks else "", deadline - started)
         while not self.can_serve(model):
             left = deadline - loop.time()
             if left <= 0:
                 self.metrics.held(model, "deadline")
+                how = "one was asked for" if asks else "the request waited"
                 raise errors.BackendUnavailable(
-                    f"no pod of {model!r} is ready yet: one was asked for {loop.time() - started:.1f}s ago and is "
-                    "starting; the request's deadline passed first", self.retry_after_s)
-            self._mark(model, loop.time())
+                    f"no pod of {model!r} is ready yet: {how} {loop.time() - started:.1f}s ago; the request's "
+                    "deadline passed first", self.retry_after_s)
+            if asks:
+                self._mark(model, loop.time())
             try:
                 await asyncio.wait_for(self.sync.changed(), min(left, MARK_EVERY_S))
             except (asyncio.TimeoutError, TimeoutError):
@@ -84,6 +97,7 @@ class PodWaiter:
         task.add_done_callback(self._marking.discard)
 
     def _annotate(self, model: str, value: str) -> None:
+        assert self.marker is not None
         try:
             self.marker.mark_wanted(model, value)
         except Exception as exc:  # the request keeps waiting; the next mark tries again

@@ -72,10 +72,10 @@ class RouterService:
             owns=self.replicas.owns,
             changed_specs=getattr(discovery, "take_changed_specs", set),  # a discovery without it: specs fixed
         )
-        mark_wanted = getattr(discovery, "mark_wanted", None)  # cluster mode: pods can be started
-        if mark_wanted is not None:
-            self.router.pod_waiter = PodWaiter(self.model_map, self.sync, discovery, discovery,  # type: ignore[arg-type]
-                                               self.eligible, self.metrics, settings.retry_after_s)
+        # Every mode waits while pods start; cluster mode can also ask the operator for one.
+        marker = discovery if hasattr(discovery, "mark_wanted") else None
+        self.router.pod_waiter = PodWaiter(self.model_map, self.sync, discovery, marker,  # type: ignore[arg-type]
+                                           self.eligible, self.metrics, settings.retry_after_s)
         self._tasks: list[asyncio.Task[None]] = []
 
     def eligible(self, model: str, url: str) -> bool:

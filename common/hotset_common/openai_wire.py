@@ -22,7 +22,7 @@ import json
 import sys
 import time
 import uuid
-from typing import Any, Literal, Sequence
+from typing import Annotated, Any, Literal, Sequence
 
 import msgspec
 import pydantic
@@ -115,6 +115,11 @@ class _Lenient(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
+# A list in a request body stops at its first bad item: a message list of 200,000 bad items took
+# 2.3 s of event loop and built an error for every one, of which the answer names the first.
+FailFast = Field(fail_fast=True)
+
+
 class TextPart(_Lenient):
     type: Literal["text"]
     text: str
@@ -122,7 +127,7 @@ class TextPart(_Lenient):
 
 class ChatMessage(_Lenient):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
+    content: str | Annotated[list[TextPart], FailFast] | None = None
 
     def text(self) -> str:
         if self.content is None:
@@ -147,7 +152,7 @@ class _Sampling(_Lenient):
     n: int = Field(1, ge=1)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    stop: str | list[str] | None = None
+    stop: str | Annotated[list[str], FailFast] | None = None
     seed: int | None = Field(None, ge=-(2**63), lt=2**63)  # a 64-bit integer, as OpenAI and vLLM take it
 
     def stop_strings(self) -> list[str]:
@@ -163,7 +168,7 @@ class _Sampling(_Lenient):
 
 
 class CompletionRequest(_Sampling):
-    prompt: str | list[str]
+    prompt: str | Annotated[list[str], FailFast]
     echo: bool = False
 
     def prompt_text(self) -> str:
@@ -175,7 +180,7 @@ class CompletionRequest(_Sampling):
 
 
 class ChatCompletionRequest(_Sampling):
-    messages: list[ChatMessage] = Field(..., min_length=1)
+    messages: list[ChatMessage] = Field(..., min_length=1, fail_fast=True)
     max_completion_tokens: int | None = Field(None, ge=1)
 
     def token_limit(self) -> int | None:
@@ -185,7 +190,7 @@ class ChatCompletionRequest(_Sampling):
 
 class EmbeddingRequest(_Lenient):
     model: str = Field(..., min_length=1)
-    input: str | list[str]
+    input: str | Annotated[list[str], FailFast]
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(None, ge=1)
 

@@ -36,7 +36,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from hotset_common import errors, http, openai_wire
 from hotset_common.openai_wire import OpenAIError
 from hotset_common.spec import ModelSpec, Task
-from hotset_worker.dataplane import DataPlane
+from hotset_worker.dataplane import OFF_LOOP_BYTES, DataPlane
 from hotset_worker.frameworks.base import FrameworkWorker, StreamedResponse
 from hotset_worker.generation import GenerationRequest, GenerationResult
 from hotset_worker.manager import RequestTiming
@@ -234,7 +234,7 @@ class OpenAIRoutes:
     # ----- embeddings in this process ------------------------------------------------------
 
     async def _embed(self, state: _Request, worker: FrameworkWorker, raw: bytes) -> Response:
-        body: openai_wire.EmbeddingRequest = openai_wire.parse(openai_wire.EmbeddingRequest, raw)
+        body: openai_wire.EmbeddingRequest = await parse_request(openai_wire.EmbeddingRequest, raw)
         if body.dimensions is not None:
             raise OpenAIError("dimensions: this model's embeddings have a fixed size", param="dimensions")
         vectors, prompt_tokens = await self.embed(state.spec, worker, body.texts(), state.timing)
@@ -249,7 +249,7 @@ class OpenAIRoutes:
 
     async def _generate(self, state: _Request, worker: FrameworkWorker, route: str, raw: bytes) -> Response:
         chat = route == openai_wire.CHAT_COMPLETIONS
-        body = openai_wire.parse(openai_wire.ChatCompletionRequest if chat else openai_wire.CompletionRequest, raw)
+        body = await parse_request(openai_wire.ChatCompletionRequest if chat else openai_wire.CompletionRequest, raw)
         generation = generation_request(body, chat)
         relay = _Relay(asyncio.get_running_loop(), state.meter)
         thread = asyncio.ensure_future(asyncio.to_thread(_run_generation, worker, generation, relay))
@@ -267,6 +267,15 @@ class OpenAIRoutes:
             return StreamingResponse(answer.events(), media_type=openai_wire.EVENT_STREAM,
                                      headers={**STREAM_HEADERS, "Server-Timing": state.timing.header()})
         return await answer.whole()
+
+
+async def parse_request(model: type[T], raw: bytes) -> T:
+    """`raw` as `model` (a 400 naming the first bad field), off the event loop when the body is large:
+    building and checking a body of megabytes takes tenths of a second, and the loop carries every
+    other request and the status polls."""
+    if len(raw) <= OFF_LOOP_BYTES:
+        return openai_wire.parse(model, raw)
+    return await asyncio.to_thread(openai_wire.parse, model, raw)
 
 
 async def unless_the_client_leaves(request: Request, work: Awaitable[T]) -> T:

@@ -74,6 +74,7 @@ class Forwarder:
         answer streams, it is the answer."""
         deadline = self.deadlines.deadline(headers)
         await self.hold_for_pod(model, deadline)
+        model, headers = self.targets.with_variant(model, headers)  # the canary split, as for whole answers
 
         async def attempt(url: str, loads: tuple[str, ...]) -> UpstreamStream | None:
             return await self._open(url, model, method, path, body, headers, deadline, loads)

@@ -43,7 +43,7 @@ WORDS = "the engine streams one word at a time so that every gap between two chu
 def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True)
-    p.add_argument("--served-model-name", default=None)
+    p.add_argument("--served-model-name", nargs="+", default=None)  # vLLM's: the first names its answers
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
@@ -63,7 +63,8 @@ def vllm_error(message: str, status: int = 400) -> JSONResponse:
 
 def create_app(args: argparse.Namespace, ignored: list[str], token_delay_s: float) -> FastAPI:
     app = FastAPI()
-    served = args.served_model_name or args.model
+    names = args.served_model_name or [args.model]
+    served = names[0]
     loras: dict[str, str] = {}
     by_prefix: collections.Counter[str] = collections.Counter()
     requests = collections.Counter()
@@ -110,7 +111,7 @@ def create_app(args: argparse.Namespace, ignored: list[str], token_delay_s: floa
     async def generate(request: Request, chat: bool) -> Response:
         body = await request.json()
         model = body.get("model")
-        if model != served and model not in loras:
+        if model not in names and model not in loras:
             return vllm_error(f"The model `{model}` does not exist.", 404)
         prompt = openai_wire.prompt_prefix(body, 10**6)
         prompt_tokens = max(1, len(prompt.split()))
@@ -170,7 +171,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.standin_fail_start:
         print(f"standin: refusing to start: {args.standin_fail_start}", flush=True)
         sys.exit(3)
-    print(f"standin vLLM engine for {args.served_model_name or args.model} on port {args.port} "
+    print(f"standin vLLM engine for {' '.join(args.served_model_name or [args.model])} on port {args.port} "
           f"(gpu_memory_utilization {args.gpu_memory_utilization})", flush=True)
     time.sleep(args.standin_start_delay_s)
     app = create_app(args, ignored, args.standin_token_delay_s)

@@ -200,7 +200,7 @@ class DataPlane:
         spec: ModelSpec | None = None
         code = 500
         try:
-            spec = self._resolve(model_id, variant)
+            spec = self.resolve(model_id, variant)
             outcome = _Outcome(spec)
             yield outcome
             code = outcome.code
@@ -210,7 +210,8 @@ class DataPlane:
         finally:
             self.metrics.request_finished(spec, code, time.perf_counter() - started)
 
-    def _resolve(self, model_id: str, variant: str | None) -> ModelSpec:
+    def resolve(self, model_id: str, variant: str | None) -> ModelSpec:
+        """`model_id`'s spec, or its canary version's when the router chose that (``X-Hotset-Variant``)."""
         spec = self.manager.store.get(model_id)
         if not variant or variant == model_id:
             return spec

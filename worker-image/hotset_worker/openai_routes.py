@@ -33,7 +33,7 @@ import anyio
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from hotset_common import errors, http, openai_wire
+from hotset_common import errors, http, openai_wire, wire
 from hotset_common.openai_wire import OpenAIError
 from hotset_common.spec import ModelSpec, Task
 from hotset_worker.dataplane import OFF_LOOP_BYTES, DataPlane
@@ -109,6 +109,10 @@ class _Request:
     def count_tokens(self) -> None:
         self.metered = True
 
+    def answer_headers(self) -> dict[str, str]:
+        """Where the time went, and which version computed the answer (a canary's, when it did)."""
+        return {"Server-Timing": self.timing.header(), wire.VERSION_HEADER: self.spec.version}
+
     async def finish(self) -> None:
         """Release the model and record the request (once), even when the client went away mid-stream."""
         if self.finished:
@@ -171,7 +175,8 @@ class OpenAIRoutes:
         state: _Request | None = None
         try:
             raw = await http.read_body_limited(request, self.max_body_bytes)
-            spec = self.manager.store.get(openai_wire.peek(raw).model)
+            # The canary version the router chose for this request, when it chose one.
+            spec = self.dataplane.resolve(openai_wire.peek(raw).model, request.headers.get(wire.VARIANT_HEADER))
             state = _Request(self, spec, arrived)
             check_task(spec, route)
             return await unless_the_client_leaves(request, self._answer(state, route, raw, request))
@@ -214,10 +219,10 @@ class OpenAIRoutes:
                 state.count_tokens()
             await state.finish()
             return Response(body, status_code=answer.status, media_type=media,
-                            headers={"Server-Timing": state.timing.header()})
+                            headers=state.answer_headers())
         state.count_tokens()
         return StreamingResponse(self._pass_events(state, answer), media_type=media,
-                                 headers={**STREAM_HEADERS, "Server-Timing": state.timing.header()})
+                                 headers={**STREAM_HEADERS, **state.answer_headers()})
 
     async def _pass_events(self, state: _Request, answer: StreamedResponse) -> AsyncIterator[bytes]:
         counter = EventCounter(state.meter)
@@ -243,7 +248,7 @@ class OpenAIRoutes:
         state.code = 200
         await state.finish()
         return JSONResponse(openai_wire.embeddings(state.spec.id, vectors, body.encoding_format, prompt_tokens),
-                            headers={"Server-Timing": state.timing.header()})
+                            headers=state.answer_headers())
 
     # ----- generation in this process ------------------------------------------------------
 
@@ -265,7 +270,7 @@ class OpenAIRoutes:
         answer = _Answer(state, relay, thread, chat, body, prompt_tokens=value)
         if body.stream:
             return StreamingResponse(answer.events(), media_type=openai_wire.EVENT_STREAM,
-                                     headers={**STREAM_HEADERS, "Server-Timing": state.timing.header()})
+                                     headers={**STREAM_HEADERS, **state.answer_headers()})
         return await answer.whole()
 
 
@@ -349,7 +354,7 @@ class _Answer:
         self.body = body
         self.prompt_tokens = prompt_tokens
         self.id = openai_wire.new_id("chatcmpl" if chat else "cmpl")
-        self.model = state.spec.id
+        self.model = state.spec.variant_of or state.spec.id  # a canary answers as the model asked for
         self.started = time.perf_counter()
 
     def _chunk(self, text: str | None, finish_reason: str | None = None) -> bytes:
@@ -408,7 +413,7 @@ class _Answer:
                 return Response(json.dumps(build(self.id, self.model, "".join(parts), result.finish_reason,
                                                  result.prompt_tokens, result.completion_tokens)),
                                 media_type="application/json",
-                                headers={"Server-Timing": self.state.timing.header()})
+                                headers=self.state.answer_headers())
         finally:
             await self._close()
 

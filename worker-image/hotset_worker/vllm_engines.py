@@ -154,7 +154,10 @@ class VllmEngines:
         if not self.configured:
             raise errors.BackendUnavailable(f"model {spec.id!r} needs vLLM, which this worker does not have")
         port = _free_port()
-        argv = [*self.command, "--model", str(folder), "--served-model-name", spec.id,
+        # A canary version's engine answers to the model's own name too (the body the client sent
+        # names it), and names it first, so that its answers say the model that was asked for.
+        names = [spec.variant_of, spec.id] if spec.variant_of else [spec.id]
+        argv = [*self.command, "--model", str(folder), "--served-model-name", *names,
                 "--host", "127.0.0.1", "--port", str(port), *engine_flags]
         log.info("starting the vLLM engine of %s: %s", spec.id, shlex.join(argv))
         env = {**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", "HF_HUB_OFFLINE": "1", **self.environment}

@@ -72,11 +72,16 @@ class Targets:
         return (model, headers) if chosen == model else (chosen, {**headers, VARIANT_HEADER: chosen})
 
     def choose_variant(self, model: str) -> str:
-        """`model`, or its canary version for the canary's weight in percent of the requests."""
+        """`model`, or its canary version for the canary's weight in percent of the requests. A
+        version no pod's catalog lists yet (or any more) is not chosen: while a rollout's reports
+        arrive pod by pod, one pod can still name a canary that the others' catalogs already
+        dropped (a request sent to it was a 404 during a promotion)."""
         canary = self.model_map.canary_of(model)
         if canary is None:
             return model
         variant, weight = canary
+        if not self.model_map.is_known(variant):
+            return model
         return variant if self.rng.random() * 100 < weight else model
 
     def target(self, model: str, tried: list[str], load: bool) -> tuple[str, bool] | None:

@@ -124,3 +124,19 @@ def test_demand_is_what_the_worker_served_between_two_reports():
     now[0] += 30.0  # one half-life: 40 decayed to 20, so 25 arrived
     model_map.apply_status("http://p", base.model_copy(update={"models": [copy(45.0)], "delta": True}))
     assert [(m, round(n, 6)) for m, n in arrivals] == [("a", 25.0)]
+
+
+def test_a_canary_no_pod_lists_is_never_chosen():
+    """A promotion's reports arrive pod by pod: one pod still names `m`'s canary `m_2` while no
+    pod's catalog lists `m_2` any more. Choosing it then was a 404 (`m_2` is served by no worker)."""
+    model_map = ModelMap()
+    stale = report(0, ["m"], [])
+    stale.catalog = [CatalogEntry(id="m", framework="torchvision", memory_bytes=MiB, canary="m_2", canary_weight=100)]
+    model_map.apply_status("http://p0", stale)
+    model_map.apply_status("http://p1", report(1, ["m"], ["m"]))
+    targets = Targets(model_map, lambda: (lambda m: ModelLimits(0, 1)), lambda: (lambda m, u: True), RouterMetrics(),
+                      PlacementSettings(), random.Random(1), 5)
+    assert model_map.canary_of("m") == ("m_2", 100) and not model_map.is_known("m_2")
+    assert {targets.choose_variant("m") for _ in range(20)} == {"m"}
+    model_map.apply_status("http://p1", report(1, ["m"], ["m", "m_2"]))  # the canary's version is listed: it takes its share
+    assert {targets.choose_variant("m") for _ in range(20)} == {"m_2"}

@@ -26,8 +26,10 @@ def router_metric(url: str, name: str, **labels: str) -> float:
                if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()))
 
 
-def test_requests_wait_while_the_only_worker_starts_then_all_are_served(procs, tmp_path) -> None:
-    store = write_ballast_store(tmp_path, {"a": {"mib": 1}, "pinned": {"mib": 1, "delay": PIN_LOAD_S}})
+def behind_a_starting_worker(procs, folder, pin_load_s: float):
+    """A router in front of one worker that answers but is not ready: its pinned model loads for
+    `pin_load_s`; returns both once the router has read the worker's catalog."""
+    store = write_ballast_store(folder, {"a": {"mib": 1}, "pinned": {"mib": 1, "delay": pin_load_s}})
     worker = local_stack.start_worker("starting", store, procs.log_dir, "64Mi", launcher=BALLAST_LAUNCHER,
                                       extra_args=["--min-residency-s", "0", "--pinned", "pinned"])
     procs.started.append(worker)
@@ -35,6 +37,11 @@ def test_requests_wait_while_the_only_worker_starts_then_all_are_served(procs, t
     router = procs.router([], urls=[worker.url], wait_ready=False)
     wait_for(lambda: httpx.get(f"{router.url}/models", timeout=5).json()["available_models"].get("a"),
              "the router to read the starting worker's catalog")
+    return worker, router
+
+
+def test_requests_wait_while_the_only_worker_starts_then_all_are_served(procs, tmp_path) -> None:
+    worker, router = behind_a_starting_worker(procs, tmp_path, PIN_LOAD_S)
     assert httpx.get(f"{worker.url}/v2/health/ready", timeout=5).status_code == 503, "the worker is ready already"
 
     def predict(_: int) -> httpx.Response:
@@ -47,14 +54,7 @@ def test_requests_wait_while_the_only_worker_starts_then_all_are_served(procs, t
 
 
 def test_a_model_no_pod_becomes_ready_for_is_503_at_its_deadline_naming_the_wait(procs, tmp_path) -> None:
-    store = write_ballast_store(tmp_path, {"a": {"mib": 1}, "pinned": {"mib": 1, "delay": 60.0}})
-    worker = local_stack.start_worker("stuck", store, procs.log_dir, "64Mi", launcher=BALLAST_LAUNCHER,
-                                      extra_args=["--min-residency-s", "0", "--pinned", "pinned"])
-    procs.started.append(worker)
-    local_stack.wait_http(worker, "/v2/health/live", 60)
-    router = procs.router([], urls=[worker.url], wait_ready=False)
-    wait_for(lambda: httpx.get(f"{router.url}/models", timeout=5).json()["available_models"].get("a"),
-             "the router to read the starting worker's catalog")
+    _, router = behind_a_starting_worker(procs, tmp_path, 60.0)
     answer = httpx.post(f"{router.url}/predict", json={"model_id": "a", "input_data": [1]},
                         headers={"X-Hotset-Timeout": "2"}, timeout=30)
     assert answer.status_code == 503 and "Retry-After" in answer.headers, answer.text

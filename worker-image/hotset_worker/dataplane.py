@@ -88,24 +88,23 @@ class DataPlane:
         slot (its maxConcurrency), then its loaded copy, within the request's deadline (capped by
         its timeoutSeconds), counted in flight for the block."""
         deadline = self.deadline_of(spec, timeout_s)
-        if spec.max_concurrency is None:
+        slot = contextlib.nullcontext() if spec.max_concurrency is None else self._slot(spec, deadline, timing)
+        async with slot:
             async with self.manager.use(spec.id, timing=timing, deadline=deadline) as worker:
                 self.metrics.request_started(spec)
                 try:
                     yield worker
                 finally:
                     self.metrics.request_ended(spec)
-            return
+
+    @contextlib.asynccontextmanager
+    async def _slot(self, spec: ModelSpec, deadline: float | None, timing: RequestTiming) -> AsyncIterator[None]:
+        """One of the model's maxConcurrency slots; the wait for it counts as queue time."""
         clock = self.manager.clock
         started = clock.now()
         async with self.limiter.slot(spec, deadline if deadline is not None else self.manager.deadline(None)):
             timing.queue_s += clock.now() - started
-            async with self.manager.use(spec.id, timing=timing, deadline=deadline) as worker:
-                self.metrics.request_started(spec)
-                try:
-                    yield worker
-                finally:
-                    self.metrics.request_ended(spec)
+            yield
 
     async def predict(self, model_id: str, input_data: Any, timeout_s: float | None = None,
                       timing: RequestTiming | None = None, variant: str | None = None) -> Any:

@@ -7,6 +7,7 @@ from typing import Iterator
 import pytest
 
 from hotset_common.spec import ModelSpec
+from hotset_testing import s3_server
 from hotset_testing.triton import TritonServer, start_tritonserver
 from hotset_worker import samples
 from hotset_worker.triton_backend import TritonBackend
@@ -46,3 +47,15 @@ def triton_backend(tritonserver: TritonServer) -> Iterator[TritonBackend]:
         yield backend
     finally:
         backend.close()
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[s3_server.S3Server]:
+    """A real S3 server (MinIO, built by scripts/install-s3.sh) on loopback, one per test module,
+    stopped by pid; the tests make their own buckets."""
+    try:
+        s3_server.minio_binary()
+    except s3_server.ServerMissing as exc:
+        pytest.fail(str(exc), pytrace=False)
+    with s3_server.running(tmp_path_factory.mktemp("minio")) as server:
+        yield server

@@ -13,7 +13,6 @@ import pytest
 
 from hotset_common import errors
 from hotset_common.spec import ModelSpec
-from hotset_testing import s3_server
 from hotset_testing.cutting_proxy import CuttingProxy
 from hotset_worker.sources.cache import ContentCache
 from hotset_worker.sources.credentials import Credentials
@@ -25,23 +24,13 @@ SECRET = "keys"
 
 
 @pytest.fixture(scope="module")
-def s3(tmp_path_factory):
-    try:
-        s3_server.minio_binary()
-    except s3_server.ServerMissing as exc:
-        pytest.fail(str(exc), pytrace=False)
-    with s3_server.running(tmp_path_factory.mktemp("minio")) as server:
-        server.make_bucket("models")
-        yield server
-
-
-@pytest.fixture(scope="module")
 def big_model(s3, tmp_path_factory) -> int:
     """A 24 MiB 'model' (two weight files and a config), uploaded once."""
     folder = tmp_path_factory.mktemp("big")
     (folder / "config.json").write_text('{"kind": "test"}')
     (folder / "weights-1.bin").write_bytes(bytes(range(256)) * (12 * 4096))
     (folder / "weights-2.bin").write_bytes(b"\x07" * (12 * 2**20))
+    s3.make_bucket("models")
     return s3.upload_folder("models", "big/", folder)
 
 

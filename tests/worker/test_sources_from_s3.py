@@ -15,22 +15,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from hotset_testing import s3_server
 from hotset_testing.worker_server import wait_until, worker_process
 
 pytestmark = pytest.mark.slow
 
 SECRET = "minio-keys"
-
-
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory):
-    try:
-        s3_server.minio_binary()
-    except s3_server.ServerMissing as exc:
-        pytest.fail(str(exc), pytrace=False)
-    with s3_server.running(tmp_path_factory.mktemp("minio")) as server:
-        yield server
 
 
 @pytest.fixture(scope="module")

@@ -8,20 +8,9 @@ import httpx
 import numpy as np
 import pytest
 
-from hotset_testing import s3_server
 from hotset_testing.worker_server import wait_until, worker_process
 
 pytestmark = [pytest.mark.slow, pytest.mark.triton]
-
-
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory):
-    try:
-        s3_server.minio_binary()
-    except s3_server.ServerMissing as exc:
-        pytest.fail(str(exc), pytrace=False)
-    with s3_server.running(tmp_path_factory.mktemp("minio")) as server:
-        yield server
 
 
 def test_a_cached_triton_model_is_linked_into_the_repository_not_copied(s3, sample_specs, tritonserver, tmp_path) -> None:

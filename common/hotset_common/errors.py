@@ -126,6 +126,12 @@ class ModelTooLarge(HotsetError):
     status_code = 507
 
 
+class MemoryUnderstated(ModelTooLarge):
+    """The model measured more than its spec's ``memory`` declares. Admission counts the
+    declaration (a load starts before its size is known), so a copy that outgrows it could
+    take its pod past the budget: it is refused, naming both figures."""
+
+
 class NoCapacity(HotsetError):
     status_code = 503
 

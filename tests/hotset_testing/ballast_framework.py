@@ -35,6 +35,7 @@ FORWARD_GATE = threading.Event()  # cleared: every batched pass waits for it (te
 FORWARD_GATE.set()
 FORWARD_STARTED = threading.Event()  # set when a batched pass starts (before it waits at the gate)
 STARTED: list[tuple[str, list[int]]] = []  # batched passes as they start (before the gate)
+HELD = {"bytes": 0, "peak": 0}  # bytes every ballast model holds now, and the most they held at once
 POISON = -1  # a value a single request may carry: its forward pass raises (a batch then runs its requests alone)
 
 
@@ -50,6 +51,7 @@ def reset_counters() -> None:
         for counter in (ATTEMPTS, LOADS, UNLOADS):
             counter.clear()
         EVENTS.clear()
+        HELD.update(bytes=0, peak=0)
         FORWARDS.clear()
         STARTED.clear()
     FORWARD_GATE.set()
@@ -93,6 +95,8 @@ class BallastWorker(FrameworkWorker):
         self._factor = factor
         with _loads_lock:
             EVENTS.append(f"load:{self.spec.id}")
+            HELD["bytes"] += size
+            HELD["peak"] = max(HELD["peak"], HELD["bytes"])
 
     def predict(self, input_data: Any) -> Any:
         if not isinstance(input_data, list) or not all(isinstance(x, (int, float)) for x in input_data):
@@ -165,13 +169,18 @@ class BallastWorker(FrameworkWorker):
         return [TensorSpec("OUTPUT0", "FP32", [-1]), TensorSpec("MODEL", "BYTES", [1])]
 
     def unload(self) -> None:
+        held = 0 if self._data is None else int(self._data.nbytes)
         self._data = None
         with _loads_lock:
+            HELD["bytes"] -= held
             UNLOADS[self.spec.id] += 1
             EVENTS.append(f"unload:{self.spec.id}")
 
     def measured_bytes(self) -> int:
         return 0 if self._data is None else int(self._data.nbytes)
+
+    def measures_its_own_bytes(self) -> bool:
+        return True
 
 
 MiB = 2**20

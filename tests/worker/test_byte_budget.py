@@ -6,6 +6,8 @@ import pytest
 from hotset_common import errors
 from hotset_testing import ballast_framework as ballast
 from hotset_testing.ballast_framework import MiB
+from hotset_worker.main import budget_mode
+from hotset_worker.manager import BudgetMode
 
 
 @pytest.fixture(autouse=True)
@@ -80,3 +82,61 @@ async def test_the_measured_size_replaces_the_estimate(store) -> None:
         assert {view.model_id: view.bytes for view in manager.snapshot()} == {"a": 3 * MiB, "b": 3 * MiB, "overstated": MiB}
     finally:
         await manager.close()
+
+
+@pytest.mark.parametrize(("mode", "peak"), [(BudgetMode.HARD, 10 * MiB), (BudgetMode.LOAD_FIRST, 16 * MiB)])
+async def test_a_hard_budget_evicts_before_loading_and_memory_never_passes_it(store, mode, peak) -> None:
+    manager = ballast.manager(store, budget=10 * MiB, budget_mode=mode)
+    try:
+        await load_all(manager, ["a", "b", "c"])  # 9 of 10 MiB
+        await manager.load("big")  # 7: a and b make room
+        await manager.settled()
+        assert manager.loaded_ids() == ["big", "c"] and ballast.HELD["bytes"] == 10 * MiB
+        assert ballast.HELD["peak"] == peak  # hard: a and b were gone before big allocated; load-first: beside it
+        manager.table.check()
+    finally:
+        await manager.close()
+
+
+async def test_a_hard_budget_still_evicts_nothing_for_a_missing_source_or_framework(tmp_path) -> None:
+    store = ballast.catalog(tmp_path, {key: {"size": MiB, "memory": MiB} for key in ["a", "b", "exotic"]})
+    store.put(store.get("a").model_copy(update={"id": "elsewhere", "source": "pvc://not-mounted/model"}))
+
+    def create_worker(spec, context):
+        if spec.id == "exotic":
+            raise ImportError("No module named 'exotic_framework'")
+        return ballast.create_worker(spec, context)
+
+    manager = ballast.ModelManager(store, ballast.WorkerContext(), 2 * MiB, create_worker=create_worker,
+                                   budget_mode=BudgetMode.HARD)
+    try:
+        await load_all(manager, ["a", "b"])  # full
+        with pytest.raises(errors.ModelLoadFailed, match="'not-mounted'.*not mounted"):
+            await manager.load("elsewhere")
+        with pytest.raises(errors.ModelLoadFailed, match="No module named 'exotic_framework'"):
+            await manager.load("exotic")
+        await manager.settled()
+        assert manager.loaded_ids() == ["a", "b"] and not ballast.UNLOADS  # prepared before anything was evicted
+    finally:
+        await manager.close()
+
+
+async def test_under_a_hard_budget_weights_that_fail_after_the_room_was_made_leave_it_free(tmp_path) -> None:
+    store = ballast.catalog(tmp_path, {"a": {"size": MiB, "memory": MiB}, "broken": {"memory": MiB, "corrupt": True}})
+    manager = ballast.manager(store, budget=MiB, budget_mode=BudgetMode.HARD)
+    try:
+        await manager.load("a")
+        with pytest.raises(errors.ModelLoadFailed, match="'broken'.*corrupt"):
+            await manager.load("broken")
+        await manager.settled()
+        assert manager.loaded_ids() == [] and ballast.UNLOADS["a"] == 1  # the price of never passing the budget
+        async with manager.use("a") as worker:  # ...and the victim loads again on its next request
+            assert worker.predict([1]) == {"model": "a", "scaled": [2.0]}
+    finally:
+        await manager.close()
+
+
+def test_the_budget_is_hard_on_a_gpu_by_default() -> None:
+    assert budget_mode("auto", "cuda") is BudgetMode.HARD
+    assert budget_mode("auto", "cpu") is BudgetMode.LOAD_FIRST
+    assert budget_mode("hard", "cpu") is BudgetMode.HARD

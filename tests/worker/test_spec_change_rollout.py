@@ -7,6 +7,7 @@ import asyncio
 import pytest
 from fastapi.testclient import TestClient
 
+from hotset_common import errors
 from hotset_testing import ballast_framework as ballast
 from hotset_testing.ballast_framework import MiB
 from hotset_testing.worker_server import ballast_app
@@ -68,6 +69,63 @@ async def test_a_failed_rollout_leaves_the_old_version_serving_and_says_why(tmp_
         (view,) = manager.snapshot()
         assert view.version == "1" and "rollout to version 2 failed" in view.reason and "m-v2" in view.reason
         assert manager.roll_stale_copies() == []  # not retried within the back-off
+    finally:
+        await manager.close()
+
+
+async def test_a_rollout_on_a_full_pod_evicts_first_and_never_holds_more_than_the_budget(tmp_path) -> None:
+    store = ballast.catalog(tmp_path, {"m": {"size": MiB, "memory": MiB, "factor": FACTOR["1"]},
+                                       "other": {"size": MiB, "memory": MiB}})
+    manager = ballast.manager(store, budget=2 * MiB)
+    try:
+        await ask(manager)
+        async with manager.use("other"):
+            pass
+        assert sorted(manager.loaded_ids()) == ["m", "other"] and ballast.HELD["bytes"] == 2 * MiB  # full
+        version_2(tmp_path, store, delay=0.1)
+        manager.roll_stale_copies()
+        await manager.settled()
+        assert ballast.UNLOADS["other"] == 1  # room beside the old copy was made first...
+        assert await ask(manager) == ("2", FACTOR["2"])  # ...and the new version took over
+        await manager.settled()
+        assert ballast.HELD["peak"] == 2 * MiB  # old + new, never old + new + other
+        assert manager.used_bytes() == MiB
+        manager.table.check()
+    finally:
+        await manager.close()
+
+
+async def test_a_rollout_that_cannot_fit_beside_the_old_copy_waits_and_says_why(tmp_path) -> None:
+    store = ballast.catalog(tmp_path, {"m": {"size": MiB, "memory": MiB, "factor": FACTOR["1"]}})
+    manager = ballast.manager(store, budget=MiB + MiB // 2)  # room for one version, not for two at once
+    try:
+        await ask(manager)
+        version_2(tmp_path, store)
+        assert manager.roll_stale_copies() == []
+        await manager.settled()
+        assert await ask(manager) == ("1", FACTOR["1"])  # the old version serves on
+        (view,) = manager.snapshot()
+        assert "rollout of 'm' to version 2 waits" in view.reason and "budget of 1.5Mi" in view.reason
+        assert ballast.HELD["peak"] == MiB and ballast.LOADS["m"] == 1  # version 2 never loaded
+    finally:
+        await manager.close()
+
+
+async def test_a_model_that_measures_more_than_it_declares_is_refused_with_both_figures(tmp_path) -> None:
+    store = ballast.catalog(tmp_path, {"small": {"size": MiB, "memory": MiB},
+                                       "liar": {"size": 3 * MiB, "memory": MiB}})
+    manager = ballast.manager(store, budget=4 * MiB)
+    try:
+        async with manager.use("small"):
+            pass
+        with pytest.raises(errors.MemoryUnderstated) as refused:
+            async with manager.use("liar"):
+                pass
+        assert refused.value.status_code == 507
+        assert "measured 3.0Mi" in refused.value.message and "1.0Mi its spec declares" in refused.value.message
+        await manager.settled()
+        assert manager.loaded_ids() == ["small"] and ballast.UNLOADS["liar"] == 1  # nothing else was touched
+        assert ballast.HELD["bytes"] == MiB
     finally:
         await manager.close()
 

@@ -198,12 +198,26 @@ class CopyTable:
         slots_needed = len(counted) + extra_slots - self.max_models if self.max_models else 0
         if bytes_needed <= 0 and slots_needed <= 0:
             return []
+        return choose_victims(self.policy, self._candidates(exclude), bytes_needed, slots_needed)
+
+    def held_bytes(self, unloading: bool) -> int:
+        """Bytes every copy holds now (promised victims and a rollout's old copy included), with or
+        without the copies being unloaded: the hard budget's count."""
+        return sum(copy.bytes for copy in self.all_copies() if unloading or copy.state is not CopyState.UNLOADING)
+
+    def evictable(self, bytes_needed: int, exclude: str) -> list[Candidate] | None:
+        """Copies to unload first so that `bytes_needed` more bytes are free, in the cost model's
+        order; None when the evictable copies cannot free that much."""
+        return choose_victims(self.policy, self._candidates(exclude), bytes_needed, 0)
+
+    def _candidates(self, exclude: str | None) -> list[Candidate]:
+        """Copies that may be evicted now: ready, not promised to a load, not rolling, not pinned."""
         now = self._now()
-        candidates = [
+        return [
             self.candidate(copy, now) for key, copy in self.copies.items()
-            if copy.state is CopyState.READY and copy.promised_to is None and key != exclude and not self.is_pinned(key)
+            if copy.state is CopyState.READY and copy.promised_to is None and copy.replacement is None
+            and key != exclude and not self.is_pinned(key)
         ]
-        return choose_victims(self.policy, candidates, bytes_needed, slots_needed)
 
     def pinned_copies(self) -> list[Copy]:
         return [copy for key, copy in self.copies.items() if self.is_pinned(key) and copy.counts_towards_budget]
@@ -251,11 +265,9 @@ class CopyTable:
         self._changed(spec.id)
         return copy
 
-    def start_rollout(self, old: Copy, spec: ModelSpec, estimate: int, victims: list[Candidate],
-                      loading: "asyncio.Future[None]") -> Copy:
-        """A LOADING copy of `spec`'s new version beside the READY `old` one; `old`'s room is its room."""
-        old.promised_to = spec.id
-        self.promise(victims, spec.id)
+    def start_rollout(self, old: Copy, spec: ModelSpec, estimate: int, loading: "asyncio.Future[None]") -> Copy:
+        """A LOADING copy of `spec`'s new version beside the READY `old` one, which keeps serving
+        and keeps counting: both hold memory until the new one takes over (the room was made first)."""
         new = self._new_copy(spec=spec, state=CopyState.LOADING, bytes=estimate, kept=True, replaces=old,
                              loading=loading)
         old.replacement = new

@@ -40,12 +40,15 @@ Guarantees, and how they are kept:
   sidecar evict nothing, and the promise is released. The price: while a load
   runs, memory may exceed the budget by that model's size, so on a GPU the
   budget should leave room for the largest model on top. A model whose
-  measured size exceeds the budget is unloaded again and refused.
+  measured size exceeds the budget, or (measured exactly) the ``memory`` its
+  spec declares, is unloaded again and refused with both figures.
 - **Spec changes are rollouts.** A READY copy whose spec changed in what
   decides its weights (``ModelSpec.load_key``: framework, task, source,
-  version) keeps serving while the new version loads and warms up beside it
-  (its room is the old copy's), then the new copy takes over and the old one
-  drains and unloads. Every answer names the version of the copy that
+  version) keeps serving while the new version loads and warms up beside it,
+  then the new copy takes over and the old one drains and unloads. The old
+  copy counts until it is gone, so the room beside it is made first (evictions
+  before the load, or the rollout waits): a rollout never takes the pod over
+  its budget (rollouts.py). Every answer names the version of the copy that
   computed it. A failed rollout leaves the old copy serving, with the reason.
 - **Warm-up before ready.** A spec's ``warmup`` inputs run through a new copy
   while it is still LOADING (on the load thread); a failing one fails the load
@@ -73,6 +76,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import copy as copying
+import enum
 import logging
 import math
 import sys
@@ -90,6 +94,7 @@ from hotset_worker.admission import AdmissionQueue
 from hotset_worker.changes import ChangeFeed
 from hotset_worker.clock import Clock, as_clock, wait_until
 from hotset_worker.copy_table import Copy, CopyTable
+from hotset_worker.frameworks import sources
 from hotset_worker.frameworks.base import FrameworkWorker, WorkerContext
 from hotset_worker.store import ModelStore
 
@@ -101,6 +106,26 @@ WorkerFactory = Callable[[ModelSpec, WorkerContext], FrameworkWorker]
 
 DEFAULT_REQUEST_TIMEOUT_S = 30.0
 DEFAULT_MAX_QUEUE = 256
+ROOM_WAIT_S = 60.0  # longest a prepared load waits for room under a hard budget before it fails
+
+
+class BudgetMode(enum.Enum):
+    """What a load on a full pod does with the copies it displaces.
+
+    ``LOAD_FIRST``: they keep serving while it loads and are evicted once it
+    succeeded, so a failed load evicts nothing; memory passes the budget by the
+    new model's size meanwhile (room a CPU container's limit can give).
+    ``HARD``: the budget is never passed. The load is prepared first (backend
+    checked, files fetched, framework created), so the usual failures (a down
+    sidecar, a missing source, an unknown framework) still evict nothing; then
+    its victims are unloaded and it allocates into their room. Weights that
+    fail to load after that leave the room free (the victims load again on
+    their next request). The default on a GPU, where passing the budget is an
+    out-of-memory error for every model on the device.
+    """
+
+    LOAD_FIRST = "load-first"
+    HARD = "hard"
 
 
 class ManagerObserver(Protocol):
@@ -223,6 +248,7 @@ class ModelManager:
         max_queue: int = DEFAULT_MAX_QUEUE,
         demand_half_life_s: float | None = None,
         admission_control: bool = True,
+        budget_mode: BudgetMode = BudgetMode.LOAD_FIRST,
     ) -> None:
         if memory_budget <= 0:
             raise ValueError(f"memory budget must be positive, got {memory_budget}")
@@ -238,6 +264,8 @@ class ModelManager:
         self.failure_backoff_s = failure_backoff_s
         self.request_timeout_s = request_timeout_s
         self.admission_control = admission_control
+        self.budget_mode = budget_mode
+        self._freed: list[asyncio.Future[None]] = []  # hard budget: loads waiting for memory to be given back
         self.clock = as_clock(clock)
         self._pinned = frozenset(pinned)
         self._observer = observer or _NoObserver()
@@ -247,6 +275,7 @@ class ModelManager:
                                demand_half_life_s or DecayedCount().half_life_s)
         self.queue = AdmissionQueue(max_queue)
         self._tasks: set[asyncio.Task[None]] = set()
+        self._rollouts_waiting: set[str] = set()  # stale copies whose new version waits for room beside them
         self._load_pool = concurrent.futures.ThreadPoolExecutor(load_threads, thread_name_prefix="model-load")
 
     @property
@@ -646,16 +675,37 @@ class ModelManager:
         """If `copy` holds other weights than `spec` declares, load `spec` beside it; it keeps serving
         until the new copy is loaded and warmed up, then the new copy takes over (a rollout)."""
         if not rollouts.should_roll(self.table, copy, spec, self.failure_backoff_s, self.clock.now()):
+            self._rollouts_waiting.discard(spec.id)
             return False
         room = rollouts.room_for(self.table, copy, spec)
-        if room is None:
-            return False  # no room beside it now: tried again on the next request or check
-        estimate, victims = room
-        new = self.table.start_rollout(copy, spec, estimate, victims, asyncio.get_running_loop().create_future())
+        if room.refusal and copy.rollout_error != room.refusal:
+            copy.rollout_error = room.refusal
+            log.warning("%s", room.refusal)
+        for victim in room.evict_first:
+            self._begin_unload(self.table.copies[victim.model_id], evicted=True)
+        if not room.fits_now:
+            self._rollouts_waiting.add(spec.id)
+            return False  # tried again once an unload is done, on the next request, or the next check
+        self._rollouts_waiting.discard(spec.id)
+        copy.rollout_error = ""
+        new = self.table.start_rollout(copy, spec, room.estimate, asyncio.get_running_loop().create_future())
         self._observer.copy_added(spec)
         log.info("rolling %s from version %s to %s", spec.id, copy.spec.version, spec.version)
         self._spawn(self._run_load(new))
         return True
+
+    def _roll_waiting_rollouts(self) -> None:
+        """Memory was freed: start the rollouts that waited for room beside their old copy."""
+        for key in list(self._rollouts_waiting):
+            copy = self.table.ready(key)
+            try:
+                spec = self.store.get(key)
+            except errors.ModelNotFound:
+                copy = None
+            if copy is None:
+                self._rollouts_waiting.discard(key)
+            else:
+                self._roll_if_stale(copy, spec)
 
     # ----- loading -------------------------------------------------------
 
@@ -683,8 +733,15 @@ class ModelManager:
         try:
             if self._preflight is not None:
                 await self._preflight(spec)
-            # One hop to the load thread: creating the worker may import its framework (seconds for torch).
-            worker, measured, imported = await loop.run_in_executor(self._load_pool, self._create_and_load, spec)
+            if self.budget_mode is BudgetMode.HARD:
+                modules = len(sys.modules)
+                created = await loop.run_in_executor(self._load_pool, self._prepare, spec)
+                await self._make_room_first(copy)
+                worker, measured = await loop.run_in_executor(self._load_pool, self._load_created, created)
+                imported = len(sys.modules) != modules
+            else:
+                # One hop to the load thread: creating the worker may import its framework (seconds for torch).
+                worker, measured, imported = await loop.run_in_executor(self._load_pool, self._create_and_load, spec)
         except BaseException as exc:  # noqa: BLE001 - every failure must reach the waiters
             error = _as_load_error(spec, exc)
             if isinstance(exc, _HalfLoaded):
@@ -712,13 +769,53 @@ class ModelManager:
         """The loaded and warmed-up worker, its measured size, and whether the load imported code
         (the first model of a framework or architecture pays for imports once: not its own cost)."""
         modules = len(sys.modules)
-        worker = self._create_worker(spec, self.context)
+        worker, measured = self._load_created(self._create_worker(spec, self.context))
+        return worker, measured, len(sys.modules) != modules
+
+    def _prepare(self, spec: ModelSpec) -> FrameworkWorker:
+        """What a load does before it allocates the model (a hard budget evicts only after this):
+        its files fetched or found, its framework imported and its worker created."""
+        sources.folder(spec, self.context)
+        return self._create_worker(spec, self.context)
+
+    def _load_created(self, worker: FrameworkWorker) -> tuple[FrameworkWorker, int]:
+        """The created worker loaded and warmed up, and its measured size."""
         try:
             worker.load()
             self._warm_up(worker)
-            return worker, worker.measured_bytes(), len(sys.modules) != modules
+            return worker, worker.measured_bytes()
         except BaseException as exc:
             raise _HalfLoaded(worker, exc) from exc
+
+    async def _make_room_first(self, copy: Copy) -> None:
+        """Hard budget: unload this load's victims (promised to it at admission) and wait until
+        everything held, its own estimate included, fits the budget; only then may it allocate."""
+        give_up = self.clock.now() + ROOM_WAIT_S
+        while (over := self.table.held_bytes(unloading=True) - self.memory_budget) > 0:
+            leaving = over - (self.table.held_bytes(unloading=False) - self.memory_budget)
+            for victim in list(self.table.copies.values()):
+                if victim.promised_to == copy.model_id and victim.state is CopyState.READY:
+                    leaving += victim.bytes
+                    self._begin_unload(victim, evicted=True)
+            if over > leaving:  # a load admitted beside it failed meanwhile, and its victims count again
+                for extra in self.table.evictable(over - leaving, exclude=copy.model_id) or []:
+                    self._begin_unload(self.table.copies[extra.model_id], evicted=True)
+            if self.clock.now() >= give_up:
+                raise errors.NoCapacity(
+                    f"model {copy.model_id!r}: no room for its {format_bytes(copy.bytes)} could be made within the "
+                    f"memory budget of {format_bytes(self.memory_budget)} in {ROOM_WAIT_S:.0f}s; {self._occupancy()}"
+                )
+            freed = asyncio.get_running_loop().create_future()
+            self._freed.append(freed)
+            with contextlib.suppress(TimeoutError):
+                await wait_until(self.clock, freed, min(give_up, self.clock.now() + 1.0))
+
+    def _memory_given_back(self) -> None:
+        """Wake the loads waiting for room (an unload finished, or a load failed)."""
+        waiting, self._freed = self._freed, []
+        for freed in waiting:
+            if not freed.done():
+                freed.set_result(None)
 
     def _warm_up(self, worker: FrameworkWorker) -> None:
         """Run the spec's warm-up inputs through the new copy while it is still LOADING, so no
@@ -748,6 +845,13 @@ class ModelManager:
             return errors.ModelTooLarge(
                 f"model {spec.id!r} measured {format_bytes(size)} after loading, more than this worker's "
                 f"whole memory budget of {format_bytes(self.memory_budget)}; nothing was evicted"
+            )
+        declared = spec.memory_bytes
+        if declared and size > declared and worker.measures_its_own_bytes():
+            return errors.MemoryUnderstated(
+                f"model {spec.id!r} measured {format_bytes(size)} after loading, more than the "
+                f"{format_bytes(declared)} its spec declares (memory); admission counts the declaration, so "
+                f"declare at least {format_bytes(size)}; nothing was evicted"
             )
         self.table.release_promises(spec.id)  # chosen again below, with the measured size
         if copy.replaces is not None:
@@ -788,6 +892,7 @@ class ModelManager:
 
     def _fail_load(self, copy: Copy, error: errors.HotsetError, seconds: float) -> None:
         self.table.fail_load(copy, error, self.clock.now())
+        self._memory_given_back()
         self._observer.copy_gone(copy.spec)
         log.warning("load of %s failed: %s", copy.model_id, error.message)
         self._observer.load_finished(copy.spec, seconds, ok=False)
@@ -820,6 +925,8 @@ class ModelManager:
         except Exception:  # noqa: BLE001 - the copy is gone either way
             log.exception("unload of %s raised; dropping it anyway", copy.model_id)
         self.table.finish_unload(copy)
+        self._memory_given_back()
+        self._roll_waiting_rollouts()
         if copy.model_id not in self.table.copies:  # a rollout's new copy keeps its series
             self._observer.model_bytes(copy.spec, None)
         self._observer.copy_gone(copy.spec)

@@ -127,6 +127,13 @@ class FrameworkWorker(abc.ABC):
     def measured_bytes(self) -> int:
         """Bytes this model occupies now that it is loaded (replaces the spec's estimate)."""
 
+    def measures_its_own_bytes(self) -> bool:
+        """Whether ``measured_bytes()`` counts this copy's own allocations (its tensors), not a
+        process's resident memory or an engine's reservation, which move with what else runs.
+        Only an exact measure proves a spec's ``memory`` too small (the manager then refuses the
+        model, since admission counts what the spec declares). Called after load."""
+        return False
+
     @classmethod
     def declared_tensors(cls, spec: ModelSpec, context: WorkerContext) -> tuple[list[TensorSpec], list[TensorSpec]] | None:
         """Inputs and outputs as the model's files declare them, read without loading the model, so

@@ -266,6 +266,9 @@ class TorchvisionWorker(FrameworkWorker):
     def measured_bytes(self) -> int:
         return self._bytes
 
+    def measures_its_own_bytes(self) -> bool:
+        return True  # the module's parameters and buffers, counted tensor by tensor
+
     def is_ready(self) -> bool:
         return self._model is not None
 

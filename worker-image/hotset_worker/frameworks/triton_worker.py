@@ -56,6 +56,7 @@ class TritonWorker(FrameworkWorker):
         self._outputs: list[TensorSpec] = []
         self._loaded = False
         self._measured: int | None = None
+        self._reported_by_triton = False
 
     @classmethod
     def prepare(cls) -> None:
@@ -177,8 +178,15 @@ class TritonWorker(FrameworkWorker):
         if self._measured is None:
             self._measured = 0
             if self._loaded:
-                self._measured = self.backend.memory_bytes(self.triton_name) or python_stub_rss_bytes(self.staged_folder)
+                reported = self.backend.memory_bytes(self.triton_name)
+                self._reported_by_triton = reported > 0
+                self._measured = reported or python_stub_rss_bytes(self.staged_folder)
         return self._measured or self.spec.memory_bytes or DEFAULT_ESTIMATE_BYTES
+
+    def measures_its_own_bytes(self) -> bool:
+        # Triton's own accounting of the model's allocations is exact; a Python stub's resident
+        # memory holds its interpreter too and differs between Triton builds.
+        return self._reported_by_triton
 
     def is_ready(self) -> bool:
         return self._loaded and self.backend.model_ready(self.triton_name)

@@ -12,7 +12,10 @@ model of its own, loaded from the same folder). The script:
    per copy, (after - before) / copies, minus the copy's weights (the measured
    bytes the worker reports) is what a copy costs beyond them;
 3. sends ``--requests`` warm ``POST /predict`` spread uniformly over every
-   copy, from ``--concurrency`` closed-loop clients, and prints p50/p99;
+   copy, from ``--concurrency`` closed-loop clients, and prints p50/p99; then,
+   side by side and alternating (two rounds each), the same number of
+   requests for one copy and for all of them, with the worker's own CPU time
+   per request: what density adds to a request, apart from the request itself;
 4. times ``GET /models`` (paged and whole) and ``GET /metrics``, and counts
    the series ``/metrics`` holds.
 
@@ -96,6 +99,24 @@ async def warm_requests(url: str, trace: list[str], concurrency: int) -> dict[st
             "mean_ms": round(statistics.fmean(seconds) * 1000, 2)}
 
 
+def one_copy_against_all(url: str, pid: int, ids: list[str], requests: int, concurrency: int) -> list[dict[str, Any]]:
+    """Warm requests for one copy and for all of them, alternating, two rounds; each with the
+    worker's CPU milliseconds per request (user + system, all its threads). One copy batches
+    (requests arriving together share a forward pass) where spread ones cannot, so it is the floor."""
+    process = psutil.Process(pid)
+    traces = {"one copy": [ids[0]] * requests, "all copies": random.Random(2).choices(ids, k=requests)}
+    rows = []
+    for round_number in (1, 2):
+        for name, trace in traces.items():
+            before = process.cpu_times()
+            figures = asyncio.run(warm_requests(url, trace, concurrency))
+            after = process.cpu_times()
+            spent = (after.user - before.user) + (after.system - before.system)
+            rows.append({"round": round_number, "target": name, **figures,
+                         "worker_cpu_ms_per_request": round(spent * 1000 / figures["requests"], 2)})
+    return rows
+
+
 def timed_get(url: str, path: str, repeat: int = 3) -> tuple[float, int]:
     """Median milliseconds of `repeat` GETs, and the answer's size in bytes."""
     times, size = [], 0
@@ -141,6 +162,7 @@ def main() -> None:
             trace = random.Random(1).choices(ids, k=args.requests)
             warm = asyncio.run(warm_requests(url, trace, args.concurrency))
             after_requests = memory_of(child.pid)
+            side_by_side = one_copy_against_all(url, child.pid, ids, args.requests, args.concurrency)
             models_paged = timed_get(url, "/models?limit=100")
             models_whole = timed_get(url, "/models")
             metrics_time = timed_get(url, "/metrics")
@@ -157,6 +179,16 @@ def main() -> None:
         print(f"  after every copy served requests: {(per_copy_after - weights) / 2**20:.3f} MiB beyond its weights")
     print(f"loads: {copies} in {load_s:.1f} s ({copies / load_s:.0f}/s)")
     print(f"warm requests over {args.copies} copies at concurrency {args.concurrency}: {json.dumps(warm)} (target p99 <= 10 ms)")
+    print("| round | requests for | req/s | p50 ms | p99 ms | worker CPU ms per request | failed |")
+    print("|---|---|---|---|---|---|---|")
+    for row in side_by_side:
+        print(f"| {row['round']} | {row['target']} | {row['req_s']} | {row['p50_ms']} | {row['p99_ms']} | "
+              f"{row['worker_cpu_ms_per_request']} | {row['failed']} |")
+    mean = {name: statistics.fmean(r["worker_cpu_ms_per_request"] for r in side_by_side if r["target"] == name)
+            for name in ("one copy", "all copies")}
+    print(f"worker CPU per request, all copies / one copy: {mean['all copies'] / mean['one copy']:.2f}x; "
+          f"a closed loop of {args.concurrency} on {psutil.cpu_count()} cores cannot beat "
+          f"{args.concurrency * mean['all copies'] / psutil.cpu_count():.1f} ms at p50 with the worker's own CPU alone")
     print(f"GET /models?limit=100: {models_paged[0]:.1f} ms, {models_paged[1]} bytes; "
           f"GET /models: {models_whole[0]:.1f} ms, {models_whole[1]} bytes")
     print(f"GET /metrics: {metrics_time[0]:.1f} ms, {metrics_time[1]} bytes, {series} samples")

@@ -13,6 +13,7 @@ from typing import Any, Mapping
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from hotset_common import quantity
+from hotset_common.budget import BudgetMode
 from hotset_common.spec import Scheduling
 
 ENV_PREFIX = "HOTSET_OPERATOR_"
@@ -69,6 +70,8 @@ class OperatorConfig(BaseModel):
     gpu_claim_template: str = Field("hotset-worker-gpu", description="dra: the ResourceClaimTemplate every "
                                                                          "worker pod claims its GPUs from")
     pod_memory_budget: int = Field(16 * 2**30, gt=0, description="bytes of model memory per worker pod")
+    pod_budget_mode: BudgetMode = Field(BudgetMode.AUTO, description="how worker pods keep the budget: hard "
+                                        "(never passed), load-first, or auto (hard on a GPU)")
     worker_cpu: str = "2"
     worker_memory: str = "24Gi"
     triton_cpu: str = "2"

@@ -242,6 +242,7 @@ def build_worker_container(config: OperatorConfig, pinned: Sequence[str], namesp
         {"name": "HOTSET_PORT", "value": str(config.worker_port)},
         {"name": "HOTSET_PINNED_MODELS", "value": ",".join(pinned)},
         {"name": "HOTSET_MEMORY_BUDGET", "value": str(config.pod_memory_budget)},
+        {"name": "HOTSET_BUDGET_MODE", "value": config.pod_budget_mode.value},
         # Without a sidecar the worker has no Triton backend (its Triton models are refused, 503).
         *([{"name": "HOTSET_TRITON_URL", "value": f"127.0.0.1:{TRITON_HTTP_PORT}"}] if triton else []),
         {"name": "HOTSET_TRITON_REPOSITORY", "value": MODEL_REPOSITORY},

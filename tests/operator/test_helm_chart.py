@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from hotset_common.budget import BudgetMode
 from hotset_operator.config import ENV_PREFIX, OperatorConfig
 from hotset_router import main as router_main
 from hotset_testing.kube_cluster import KubeCluster
@@ -137,7 +138,8 @@ def test_operator_works_under_its_own_service_account(installed: Cluster, tmp_pa
 def test_chart_settings_are_ones_the_operator_reads(kube_cluster: KubeCluster) -> None:
     result = _helm(kube_cluster, "template", "hotset", str(CHART), "--set", "workers.gpu.mode=devicePlugin",
                    "--set", "workers.gpu.count=2", "--set", "workers.gpu.tritonCount=1",
-                   "--set", "workers.memoryBudget=40Gi", "--set", "workers.modelClaims={models,extra}")
+                   "--set", "workers.memoryBudget=40Gi", "--set", "workers.modelClaims={models,extra}",
+                   "--set", "workers.budgetMode=hard")
     assert result.returncode == 0, result.stderr
     operator = next(d for d in yaml.safe_load_all(result.stdout)
                     if d and d["kind"] == "Deployment" and d["metadata"]["name"] == "hotset-operator")
@@ -149,6 +151,7 @@ def test_chart_settings_are_ones_the_operator_reads(kube_cluster: KubeCluster) -
     assert (config.gpu_mode.value, config.triton_gpus) == ("devicePlugin", 1)
     assert not [d for d in yaml.safe_load_all(result.stdout) if d and d["kind"] == "ResourceClaimTemplate"]
     assert config.worker_service_account == "hotset-worker"
+    assert config.pod_budget_mode is BudgetMode.HARD
 
 
 def _router_env(kube: KubeCluster, *sets: str) -> list[dict]:

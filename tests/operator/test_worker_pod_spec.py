@@ -36,6 +36,7 @@ def test_dedicated_deployment_pins_its_model_and_leaves_replicas_to_the_autoscal
     env = {e["name"]: e.get("value") for e in _containers(template)["hotset-worker"]["env"]}
     assert env["HOTSET_PINNED_MODELS"] == "sentiment"
     assert env["HOTSET_MEMORY_BUDGET"] == str(20 * 2**30)
+    assert env["HOTSET_BUDGET_MODE"] == "auto"  # hard on a GPU, load-first on a CPU: the worker decides
     assert env["HOTSET_SOURCE_ROOTS"] == "models=/mnt/models/models,extra=/mnt/models/extra"
     assert env["HOTSET_HOST"] == "0.0.0.0"
 

@@ -6,8 +6,7 @@ import pytest
 from hotset_common import errors
 from hotset_testing import ballast_framework as ballast
 from hotset_testing.ballast_framework import MiB
-from hotset_worker.main import budget_mode
-from hotset_worker.manager import BudgetMode
+from hotset_common.budget import BudgetMode
 
 
 @pytest.fixture(autouse=True)
@@ -137,6 +136,6 @@ async def test_under_a_hard_budget_weights_that_fail_after_the_room_was_made_lea
 
 
 def test_the_budget_is_hard_on_a_gpu_by_default() -> None:
-    assert budget_mode("auto", "cuda") is BudgetMode.HARD
-    assert budget_mode("auto", "cpu") is BudgetMode.LOAD_FIRST
-    assert budget_mode("hard", "cpu") is BudgetMode.HARD
+    assert BudgetMode.AUTO.on("cuda") is BudgetMode.HARD
+    assert BudgetMode.AUTO.on("cpu") is BudgetMode.LOAD_FIRST
+    assert BudgetMode.HARD.on("cpu") is BudgetMode.HARD

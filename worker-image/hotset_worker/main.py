@@ -20,11 +20,12 @@ import uvicorn
 from fastapi import FastAPI
 
 from hotset_common import quantity
+from hotset_common.budget import BudgetMode
 from hotset_common.eviction import DEFAULT_CHURN_GUARD_S, EvictionPolicy
 from hotset_worker import api, engine, memory
 from hotset_worker.limits import DEFAULT_MAX_QUEUE as DEFAULT_MAX_MODEL_QUEUE
 from hotset_worker.backends import Backends
-from hotset_worker.manager import DEFAULT_MAX_QUEUE, DEFAULT_REQUEST_TIMEOUT_S, BudgetMode
+from hotset_worker.manager import DEFAULT_MAX_QUEUE, DEFAULT_REQUEST_TIMEOUT_S
 from hotset_worker.frameworks.base import WorkerContext
 from hotset_worker.manager import ModelManager
 from hotset_worker.metrics import WorkerMetrics
@@ -60,7 +61,7 @@ class Settings:
     request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
     max_queue: int = DEFAULT_MAX_QUEUE
     admission_control: bool = True
-    budget_mode: str = "auto"  # auto: hard on a GPU, load-first on a CPU (BudgetMode)
+    budget_mode: BudgetMode = BudgetMode.AUTO  # auto: hard on a GPU, load-first on a CPU
     inference_threads: int | None = None  # None: one per available core
     torch_threads: int | None = None  # None: available cores / inference threads (at least 1)
     vllm_command: tuple[str, ...] = ()  # empty: vLLM's own OpenAI server, when vllm is installed
@@ -173,7 +174,7 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         help="after a failed load, requests for that model get its error again without a new load for this long",
     )
     parser.add_argument(
-        "--budget-mode", default=default("budget_mode", "auto"), choices=["auto", *(m.value for m in BudgetMode)],
+        "--budget-mode", default=default("budget_mode", "auto"), choices=[mode.value for mode in BudgetMode],
         help="hard: a load on a full pod evicts first and memory never passes the budget; load-first: the "
              "displaced copies serve until the load succeeded (a failed load evicts nothing; memory passes the "
              "budget by one model while it loads); auto: hard on a GPU, load-first on a CPU",
@@ -273,7 +274,7 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
             request_timeout_s=float(args.request_timeout_s),
             max_queue=int(args.max_queue),
             admission_control=args.admission_control == "on",
-            budget_mode=args.budget_mode,
+            budget_mode=BudgetMode(args.budget_mode),
             inference_threads=int(args.inference_threads) if args.inference_threads not in (None, "") else None,
             torch_threads=int(args.torch_threads) if args.torch_threads not in (None, "") else None,
             vllm_command=VllmEngines.parse_command(args.vllm_command or ""),
@@ -355,15 +356,6 @@ def memory_budget(device_name: str, asked: int | None, gpu_reserve: int | None =
     return int(psutil.virtual_memory().available * 0.5)
 
 
-def budget_mode(asked: str, device_name: str) -> BudgetMode:
-    """`auto` is hard on a GPU (passing the budget there is an out-of-memory error for every
-    model on the device) and load-first on a CPU (a container's limit above the budget absorbs
-    one load, and a failed load then evicts nothing)."""
-    if asked == "auto":
-        return BudgetMode.HARD if device_name == "cuda" else BudgetMode.LOAD_FIRST
-    return BudgetMode(asked)
-
-
 def device_memory(device_name: str) -> int:
     """What vLLM's gpu_memory_utilization is a share of: the first GPU's memory (the host's on CPU,
     where only a stand-in engine runs)."""
@@ -413,7 +405,7 @@ def build_app(settings: Settings, store: ModelStore | None = None,
         request_timeout_s=settings.request_timeout_s,
         max_queue=settings.max_queue,
         admission_control=settings.admission_control,
-        budget_mode=budget_mode(settings.budget_mode, device_name),
+        budget_mode=settings.budget_mode.on(device_name),
     )
     fetcher.held = manager.held_sources
     return api.create_app(

@@ -76,7 +76,6 @@ import asyncio
 import concurrent.futures
 import contextlib
 import copy as copying
-import enum
 import logging
 import math
 import sys
@@ -85,6 +84,7 @@ from dataclasses import dataclass
 from typing import AsyncIterator, Awaitable, Callable, Iterable, Protocol
 
 from hotset_common import errors
+from hotset_common.budget import BudgetMode
 from hotset_common.eviction import Candidate, DecayedCount, EvictionPolicy, eviction_cost
 from hotset_common.quantity import format_bytes
 from hotset_common.spec import Framework, ModelSpec
@@ -107,25 +107,6 @@ WorkerFactory = Callable[[ModelSpec, WorkerContext], FrameworkWorker]
 DEFAULT_REQUEST_TIMEOUT_S = 30.0
 DEFAULT_MAX_QUEUE = 256
 ROOM_WAIT_S = 60.0  # longest a prepared load waits for room under a hard budget before it fails
-
-
-class BudgetMode(enum.Enum):
-    """What a load on a full pod does with the copies it displaces.
-
-    ``LOAD_FIRST``: they keep serving while it loads and are evicted once it
-    succeeded, so a failed load evicts nothing; memory passes the budget by the
-    new model's size meanwhile (room a CPU container's limit can give).
-    ``HARD``: the budget is never passed. The load is prepared first (backend
-    checked, files fetched, framework created), so the usual failures (a down
-    sidecar, a missing source, an unknown framework) still evict nothing; then
-    its victims are unloaded and it allocates into their room. Weights that
-    fail to load after that leave the room free (the victims load again on
-    their next request). The default on a GPU, where passing the budget is an
-    out-of-memory error for every model on the device.
-    """
-
-    LOAD_FIRST = "load-first"
-    HARD = "hard"
 
 
 class ManagerObserver(Protocol):

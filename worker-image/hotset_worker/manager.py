@@ -89,7 +89,7 @@ from hotset_common.eviction import Candidate, DecayedCount, EvictionPolicy, evic
 from hotset_common.quantity import format_bytes
 from hotset_common.spec import Framework, ModelSpec
 from hotset_common.wire import CopyState
-from hotset_worker import engine, rollouts
+from hotset_worker import engine, memory, rollouts
 from hotset_worker.admission import AdmissionQueue
 from hotset_worker.changes import ChangeFeed
 from hotset_worker.clock import Clock, as_clock, wait_until
@@ -760,11 +760,13 @@ class ModelManager:
         return self._create_worker(spec, self.context)
 
     def _load_created(self, worker: FrameworkWorker) -> tuple[FrameworkWorker, int]:
-        """The created worker loaded and warmed up, and its measured size."""
+        """The created worker loaded and warmed up, and the size it counts: its measured bytes plus,
+        on a GPU, the activation peak of its warm-up (weights alone would leave that out)."""
         try:
             worker.load()
-            self._warm_up(worker)
-            return worker, worker.measured_bytes()
+            with memory.ActivationPeak() as activations:
+                self._warm_up(worker)
+            return worker, worker.measured_bytes() + activations.bytes
         except BaseException as exc:
             raise _HalfLoaded(worker, exc) from exc
 
@@ -827,12 +829,12 @@ class ModelManager:
                 f"model {spec.id!r} measured {format_bytes(size)} after loading, more than this worker's "
                 f"whole memory budget of {format_bytes(self.memory_budget)}; nothing was evicted"
             )
-        declared = spec.memory_bytes
-        if declared and size > declared and worker.measures_its_own_bytes():
+        declared, weights = spec.memory_bytes, worker.measured_bytes()
+        if declared and weights > declared and worker.measures_its_own_bytes():
             return errors.MemoryUnderstated(
-                f"model {spec.id!r} measured {format_bytes(size)} after loading, more than the "
+                f"model {spec.id!r} measured {format_bytes(weights)} after loading, more than the "
                 f"{format_bytes(declared)} its spec declares (memory); admission counts the declaration, so "
-                f"declare at least {format_bytes(size)}; nothing was evicted"
+                f"declare at least {format_bytes(weights)}; nothing was evicted"
             )
         self.table.release_promises(spec.id)  # chosen again below, with the measured size
         if copy.replaces is not None:

@@ -82,6 +82,37 @@ def cuda_allocated_bytes() -> int:
     return int(torch.cuda.memory_allocated())
 
 
+class ActivationPeak:
+    """How far torch's CUDA allocator rose above its level at the start while a block ran (a
+    copy's warm-up: its activation peak, which its weights do not show). The allocator's peak
+    statistic is device-wide, so measurements take turns (a lock: warm-ups are short) and requests
+    running meanwhile can only raise it: an upper bound. ``bytes`` is 0 without CUDA."""
+
+    _turn = threading.Lock()
+
+    def __init__(self) -> None:
+        self.bytes = 0
+        torch = _torch_if_loaded()
+        self._torch = torch if torch is not None and torch.cuda.is_available() else None
+
+    def __enter__(self) -> "ActivationPeak":
+        if self._torch is not None:
+            self._turn.acquire()
+            self._torch.cuda.synchronize()
+            self._start = int(self._torch.cuda.memory_allocated())
+            self._torch.cuda.reset_peak_memory_stats()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._torch is None:
+            return
+        try:
+            self._torch.cuda.synchronize()
+            self.bytes = max(0, int(self._torch.cuda.max_memory_allocated()) - self._start)
+        finally:
+            self._turn.release()
+
+
 def release(dropped: Iterable[weakref.ref] = ()) -> None:
     """Return freed memory to the OS / the GPU after the last references to a model were dropped.
 

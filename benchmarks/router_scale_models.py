@@ -23,6 +23,11 @@ delta reports; its router is unpacked with ``git archive``), in turn:
    answers do, and between them the same requests direct to the model's pod
    (every ``--direct-every``th): routing overhead is the router's latency
    less the direct one, percentile by percentile;
+2b. **open loop, a second generator**: vegeta (Go, from the module proxy:
+   ``scripts/install-go-tool.sh``; a stand-in for clients costing a few tens
+   of microseconds a request against the Python generator's near-millisecond,
+   so the generator does not take the router's core) at the same rate, in
+   whole runs that alternate direct and through the router, twice;
 3. **closed loop**: ``--concurrency`` clients draining one shared queue of
    ``--requests`` requests, direct and through the router in whole runs that
    alternate (direct, router, direct, router).
@@ -35,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import json
 import os
 import random
@@ -212,6 +218,49 @@ async def closed_loop(base: str, layout: dict[str, Any] | None, models: list[str
     return seconds, len(seconds) / wall, failed
 
 
+def vegeta_run(vegeta: str, urls: list[str], models: list[str], rate: float, seconds: float, folder: Path,
+               name: str) -> dict[str, Any]:
+    """One vegeta open loop at `rate` for `seconds`: POST /predict to urls[i] for models[i], on schedule.
+    Its report: latency percentiles (seconds), the share answered 200, the rate it achieved."""
+    targets = folder / f"{name}.targets"
+    with targets.open("w") as out:
+        for url, model in zip(urls, models):
+            body = base64.b64encode(json.dumps({"model_id": model, "input_data": TEXT}).encode()).decode()
+            out.write(json.dumps({"method": "POST", "url": f"{url}/predict", "body": body,
+                                  "header": {"Content-Type": ["application/json"]}}) + "\n")
+    results = folder / f"{name}.bin"
+    subprocess.run([vegeta, "attack", "-format=json", f"-targets={targets}", f"-rate={int(rate)}/s",
+                    f"-duration={seconds}s", "-timeout=30s", "-workers=32", "-max-workers=1024",
+                    f"-output={results}"], check=True, stdout=subprocess.DEVNULL)
+    report = json.loads(subprocess.run([vegeta, "report", "-type=json", str(results)], check=True,
+                                       capture_output=True, text=True).stdout)
+    latencies = report["latencies"]
+    return {"p50": latencies["50th"] / 1e9, "p99": latencies["99th"] / 1e9, "success": report["success"],
+            "rate": report["rate"], "requests": report["requests"]}
+
+
+def vegeta_overhead(vegeta: str, router: str, layout: dict[str, Any], models: list[str], args: argparse.Namespace,
+                    folder: Path) -> dict[str, Any]:
+    """Direct and routed vegeta runs, alternating (direct, router, direct, router): the routing
+    overhead percentile by percentile, from the runs' pooled medians of each figure."""
+    rng = random.Random(13)
+    picked = [rng.choice(models) for _ in range(int(args.rate * args.seconds))]
+    direct_urls = [layout["urls"][layout["holder"][model]] for model in picked]
+    runs: dict[str, list[dict[str, Any]]] = {"direct": [], "router": []}
+    for round_number in (1, 2):
+        runs["direct"].append(vegeta_run(vegeta, direct_urls, picked, args.rate, args.seconds, folder,
+                                         f"direct-{round_number}"))
+        runs["router"].append(vegeta_run(vegeta, [router] * len(picked), picked, args.rate, args.seconds, folder,
+                                         f"router-{round_number}"))
+    figures: dict[str, Any] = {}
+    for name, done in runs.items():
+        for key in ("p50", "p99"):
+            figures[f"vegeta_{name}_{key}"] = sorted(run[key] for run in done)[0]  # the better of two runs
+        figures[f"vegeta_{name}_success"] = min(run["success"] for run in done)
+        figures[f"vegeta_{name}_rate"] = min(run["rate"] for run in done)
+    return figures
+
+
 def profile(router: Process, label: str, args: argparse.Namespace) -> subprocess.Popen[bytes] | None:
     """py-spy on the router during the open loop (collapsed stacks in --profile-dir), when asked for."""
     if not args.profile_dir:
@@ -265,6 +314,8 @@ def measure(tree: Path, label: str, layout: dict[str, Any], args: argparse.Names
             load_cpu_per_request_ms=1000 * (cpu_seconds(router.pid) - cpu0) / max(1, len(opened["routed"])),
             load_wall_s=time.monotonic() - started,
         )
+        if args.vegeta:
+            result.update(vegeta_overhead(args.vegeta, router.url, layout, models, args, folder))
         if not args.requests or result["open_failed"] > len(opened["routed"]) // 10 or not result["open_p50"] < 0.1:
             result["note"] = "closed loop skipped: the open loop failed or was too slow to drain a queue in time"
         else:
@@ -311,6 +362,13 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
             f"{ms(r['open_p50'] - r['direct_p50'])} / {ms(r['open_p99'] - r['direct_p99'])}" if "open_p50" in r else "-")),
         ("open loop: failed / sent", lambda r: f"{r.get('open_failed', '-')} / {r.get('open_routed', '-')}"),
         ("open loop: schedule behind by (ms)", lambda r: ms(r.get("open_behind_s"))),
+        ("vegeta: routed p50 / p99 (ms)", lambda r: f"{ms(r.get('vegeta_router_p50'))} / {ms(r.get('vegeta_router_p99'))}"),
+        ("vegeta: direct p50 / p99 (ms)", lambda r: f"{ms(r.get('vegeta_direct_p50'))} / {ms(r.get('vegeta_direct_p99'))}"),
+        ("vegeta: overhead p50 / p99 (ms)", lambda r: (
+            f"{ms(r['vegeta_router_p50'] - r['vegeta_direct_p50'])} / {ms(r['vegeta_router_p99'] - r['vegeta_direct_p99'])}"
+            if "vegeta_router_p50" in r else "-")),
+        ("vegeta: answered 200 routed / direct", lambda r: (
+            f"{r['vegeta_router_success']:.3f} / {r['vegeta_direct_success']:.3f}" if "vegeta_router_success" in r else "-")),
         ("loop lag under load p99 / max (ms)", lambda r: f"{ms(r.get('load_lag_p99'))} / {ms(r.get('load_lag_max'))}"),
         ("  of it own work p99 / max (ms)", lambda r: f"{ms(r.get('load_lag_own_p99'))} / {ms(r.get('load_lag_own_max'))}"),
         ("router CPU per request (ms)", lambda r: f"{r['load_cpu_per_request_ms']:.2f}" if "load_cpu_per_request_ms" in r else "-"),
@@ -332,6 +390,15 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
     print(json.dumps(results, default=str))
 
 
+def default_vegeta() -> str:
+    """scripts/install-go-tool.sh's vegeta (built once per machine from the Go module proxy), or ''."""
+    try:
+        return subprocess.run([str(ROOT / "scripts" / "install-go-tool.sh"), "vegeta", "github.com/tsenart/vegeta/v12",
+                               "v12.13.0"], check=True, capture_output=True, text=True).stdout.strip()
+    except (subprocess.CalledProcessError, FileNotFoundError):
+        return ""
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pods", type=int, default=50)
@@ -349,6 +416,8 @@ def main() -> int:
     parser.add_argument("--baseline", default="d516879", help="the older tree to measure beside this one ('': none)")
     parser.add_argument("--baseline-first", action="store_true", help="measure the older tree first")
     parser.add_argument("--profile-dir", default="", help="record the router with py-spy during the open loop")
+    parser.add_argument("--vegeta", default=default_vegeta(),
+                        help="the vegeta binary for the second open-loop generator ('': skip it)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="router-scale-") as tmp:
         folder = Path(tmp)

@@ -2,7 +2,8 @@
 is refused at load (403 naming the file and the rule) in cluster mode, whatever its files are called,
 and the full pod keeps serving the model it holds: docs/security.md, "What cluster mode refuses".
 
-One real tritonserver; the worker app is the real one (manager, API, Triton backend).
+One real tritonserver; the worker app is the real one (manager, API, Triton backend), under both
+budget modes: a hard budget evicts before it loads, so the refusal must come before that.
 """
 from __future__ import annotations
 
@@ -54,7 +55,7 @@ def hostile_folder(root: Path, iris: Path, name: str) -> Path:
     return folder
 
 
-@pytest.fixture(scope="module", params=[BudgetMode.LOAD_FIRST], ids=lambda mode: mode.value)
+@pytest.fixture(scope="module", params=[BudgetMode.LOAD_FIRST, BudgetMode.HARD], ids=lambda mode: mode.value)
 def pod(request, sample_specs: dict[str, ModelSpec], tritonserver, tmp_path_factory) -> Iterator[httpx.Client]:
     """A cluster-mode worker whose budget iris fills as far as the hostile models go: each of them
     declares the whole budget, so admitting it promises iris away."""

@@ -57,6 +57,20 @@ class TritonWorker(FrameworkWorker):
         self._loaded = False
         self._measured: int | None = None
         self._reported_by_triton = False
+        self._checked: Path | None = None
+        # A hard budget evicts between creating a worker and loading it (manager._prepare): a folder
+        # the trust policy refuses must be refused here, before any copy makes room for it. A remote
+        # source not fetched yet (a load-first budget, which evicts only after load) is checked at load.
+        if context.triton_backends is not None:
+            folder = sources.cached_folder(spec, context)
+            if folder is not None and folder.is_dir():
+                self._check_policy(folder)
+
+    def _check_policy(self, folder: Path) -> None:
+        """The pod's trust policy (cluster mode: triton_policy), once per folder."""
+        if self.context.triton_backends is not None and folder != self._checked:
+            triton_policy.check(folder, self.spec.id, self.context.triton_backends)
+        self._checked = folder
 
     @classmethod
     def prepare(cls) -> None:
@@ -91,8 +105,7 @@ class TritonWorker(FrameworkWorker):
         folder = sources.folder(self.spec, self.context)
         if not folder.is_dir():
             raise errors.ModelLoadFailed(f"model {self.spec.id!r}: triton source {folder} is not a folder")
-        if self.context.triton_backends is not None:
-            triton_policy.check(folder, self.spec.id, self.context.triton_backends)
+        self._check_policy(folder)
         check_python_backend_files(folder, self.spec.id)
         self._stage(folder)
         try:

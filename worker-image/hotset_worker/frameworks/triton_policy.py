@@ -29,6 +29,7 @@ check on a volume the model's owner can still write (file:// sources).
 from __future__ import annotations
 
 import enum
+import itertools
 import os
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -168,17 +169,29 @@ def _files(folder: Path, model_id: str) -> Iterator[Path]:
     pending: list[tuple[Path, int]] = [(folder, 0)]
     while pending:
         current, depth = pending.pop()
+        for entry in _entries(current, folder, model_id):
+            if entry.is_dir():
+                if depth + 1 > MAX_DEPTH:
+                    raise errors.Forbidden(_too_large(model_id, f"goes more than {MAX_DEPTH} folders deep"))
+                pending.append((Path(entry.path), depth + 1))
+            elif entry.is_file():  # a FIFO or a device is never opened: reading it could block
+                count += 1
+                if count > MAX_FILES:
+                    raise errors.Forbidden(_too_large(model_id, f"holds more than {MAX_FILES} files"))
+                yield Path(entry.path)
+
+
+def _entries(current: Path, folder: Path, model_id: str) -> list[os.DirEntry[str]]:
+    """`current`'s entries, at most MAX_FILES + 1 of them read; Forbidden when it cannot be listed."""
+    try:
         with os.scandir(current) as entries:
-            for entry in entries:
-                if entry.is_dir():
-                    if depth + 1 > MAX_DEPTH:
-                        raise errors.Forbidden(_too_large(model_id, f"goes more than {MAX_DEPTH} folders deep"))
-                    pending.append((Path(entry.path), depth + 1))
-                elif entry.is_file():  # a FIFO or a device is never opened: reading it could block
-                    count += 1
-                    if count > MAX_FILES:
-                        raise errors.Forbidden(_too_large(model_id, f"holds more than {MAX_FILES} files"))
-                    yield Path(entry.path)
+            listed = list(itertools.islice(entries, MAX_FILES + 1))
+    except OSError as exc:
+        raise errors.Forbidden(f"model {model_id!r}: {current.relative_to(folder)}/ {Rule.UNREADABLE.value} "
+                               f"({exc.strerror})") from exc
+    if len(listed) > MAX_FILES:
+        raise errors.Forbidden(_too_large(model_id, f"holds more than {MAX_FILES} files"))
+    return listed
 
 
 def _named_files(config: Any) -> Iterable[str]:

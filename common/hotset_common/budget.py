@@ -12,7 +12,8 @@ class BudgetMode(enum.Enum):
     new model's size meanwhile (room a CPU container's limit can give).
     ``HARD``: the budget is never passed. The load is prepared first (backend
     checked, files fetched, framework created), so the usual failures (a down
-    sidecar, a missing source, an unknown framework) still evict nothing; then
+    sidecar, a missing source, an unknown framework, a Triton model the trust
+    policy refuses) still evict nothing; then
     its victims are unloaded and it allocates into their room. Weights that
     fail to load after that leave the room free (the victims load again on
     their next request). ``AUTO`` is hard on a GPU, where passing the budget

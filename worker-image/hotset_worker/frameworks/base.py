@@ -29,7 +29,7 @@ class WorkerContext:
     # Folders file:// sources may name (cluster mode); None: any path (sources.py).
     file_roots: tuple[Path, ...] | None = None
     # Triton backends a triton model's config may ask for (cluster mode; the Python backend runs
-    # the model's own code); None: any (triton_worker.check_backend).
+    # the model's own code); None: any (triton_policy.check).
     triton_backends: frozenset[str] | None = None
     # Servers outside this process by name (backends.Backend), e.g. "triton": the pod's sidecar,
     # which the triton worker stages into, loads in and infers with.

@@ -32,7 +32,7 @@ import numpy as np
 
 from hotset_common import errors
 from hotset_worker import engine
-from hotset_worker.frameworks import sources
+from hotset_worker.frameworks import sources, triton_policy
 from hotset_worker.frameworks.base import ForwardedResponse, FrameworkWorker, TensorSpec
 from hotset_worker.triton_backend import NAME as BACKEND_NAME, TritonBackend, TritonRefused
 
@@ -57,6 +57,20 @@ class TritonWorker(FrameworkWorker):
         self._loaded = False
         self._measured: int | None = None
         self._reported_by_triton = False
+        self._checked: Path | None = None
+        # A hard budget evicts between creating a worker and loading it (manager._prepare): a folder
+        # the trust policy refuses must be refused here, before any copy makes room for it. A remote
+        # source not fetched yet (a load-first budget, which evicts only after load) is checked at load.
+        if context.triton_backends is not None:
+            folder = sources.cached_folder(spec, context)
+            if folder is not None and folder.is_dir():
+                self._check_policy(folder)
+
+    def _check_policy(self, folder: Path) -> None:
+        """The pod's trust policy (cluster mode: triton_policy), once per folder."""
+        if self.context.triton_backends is not None and folder != self._checked:
+            triton_policy.check(folder, self.spec.id, self.context.triton_backends)
+        self._checked = folder
 
     @classmethod
     def prepare(cls) -> None:
@@ -91,9 +105,8 @@ class TritonWorker(FrameworkWorker):
         folder = sources.folder(self.spec, self.context)
         if not folder.is_dir():
             raise errors.ModelLoadFailed(f"model {self.spec.id!r}: triton source {folder} is not a folder")
+        self._check_policy(folder)
         check_python_backend_files(folder, self.spec.id)
-        if self.context.triton_backends is not None:
-            check_backend(folder, self.spec.id, self.context.triton_backends)
         self._stage(folder)
         try:
             backend.load(self.triton_name)
@@ -307,44 +320,6 @@ def check_python_backend_files(folder: Path, model_id: str) -> None:
     for version in versions:
         if not (version / filename).is_file():
             raise errors.ModelLoadFailed(f"model {model_id!r}: Python-backend model file {version / filename} is missing")
-
-
-# Triton's platform names and the backend each one runs on.
-PLATFORM_BACKENDS = {
-    "tensorrt_plan": "tensorrt", "tensorflow_graphdef": "tensorflow", "tensorflow_savedmodel": "tensorflow",
-    "onnxruntime_onnx": "onnxruntime", "pytorch_libtorch": "pytorch", "ensemble": "ensemble",
-}
-
-
-def check_backend(folder: Path, model_id: str, allowed: frozenset[str]) -> None:
-    """Refuse (403) a model whose config asks for a backend not on `allowed`, names none, or
-    brings a backend library of its own.
-
-    Some backends run the model's own code (``python``: its model.py), and Triton loads a
-    ``libtriton_<backend>.so`` found in the model's folder before its own; in cluster mode only
-    the backends the operator's settings allow may run, so creating a ServedModel is not
-    running arbitrary code in the pod unless the cluster's admin chose so.
-    """
-    config = folder / CONFIG_FILE
-    listed = ", ".join(sorted(allowed)) or "none"
-    if not config.is_file():
-        raise errors.Forbidden(f"model {model_id!r}: {config} is missing; this worker needs a config that names "
-                               f"its backend (allowed: {listed})")
-    from google.protobuf import text_format
-    from tritonclient.grpc import model_config_pb2
-
-    try:
-        parsed = text_format.Parse(config.read_text(errors="replace"), model_config_pb2.ModelConfig())
-    except text_format.ParseError as exc:
-        raise errors.ModelLoadFailed(f"model {model_id!r}: {config} is not a valid model config: {exc}") from exc
-    backend = parsed.backend or PLATFORM_BACKENDS.get(parsed.platform, parsed.platform)
-    if backend not in allowed:
-        raise errors.Forbidden(f"model {model_id!r}: Triton backend {backend or 'unnamed'!r} is not allowed on this "
-                               f"worker (allowed: {listed})")
-    libraries = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file() and ".so" in p.suffixes)
-    if libraries:
-        raise errors.Forbidden(f"model {model_id!r}: its folder carries shared libraries ({', '.join(libraries[:3])}), "
-                               "which Triton would load as backend code; not allowed on this worker")
 
 
 def python_stub_rss_bytes(staged_folder: Path) -> int:

@@ -755,7 +755,8 @@ class ModelManager:
 
     def _prepare(self, spec: ModelSpec) -> FrameworkWorker:
         """What a load does before it allocates the model (a hard budget evicts only after this):
-        its files fetched or found, its framework imported and its worker created."""
+        its files fetched or found, its framework imported and its worker created (a Triton
+        worker checks its folder against the trust policy then)."""
         sources.folder(spec, self.context)
         return self._create_worker(spec, self.context)
 

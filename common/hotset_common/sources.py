@@ -15,7 +15,8 @@ by the same parsed location. Schemes:
   from the hub or a mirror (the pool's ``HF_ENDPOINT``); the revision a
   branch, tag or commit, resolved to a commit before anything is cached.
 - ``oci://registry/repo:tag`` or ``oci://registry/repo@sha256:...``: an OCI
-  image or artifact holding the model's files, mounted as an image volume.
+  image or artifact holding the model's files, mounted as an image volume where
+  the pool has them on, else pulled by the worker into its source cache.
 - ``https://host/path.tar.gz`` (also ``.tgz``, ``.tar``, ``.zip``, or a single
   file): an archive, verified against ``SourceOptions.sha256`` (required).
   ``http://`` parses too, so that a pool's policy can allow one endpoint by
@@ -200,10 +201,15 @@ def _archive(uri: str, scheme: str, shown: str) -> Archive:
     return Archive(uri, scheme, parts.netloc)
 
 
-def endpoint_of(location: Location, endpoint: str = "", hf_endpoint: str = "") -> str | None:
+def endpoint_of(location: Location, endpoint: str = "", hf_endpoint: str = "",
+                oci_pulled: bool = False) -> str | None:
     """The server (``scheme://host[:port]``) a pod contacts for `location`: what a pool's source
     policy allows or refuses. `endpoint`: the ServedModel's (or else the pool's) S3 endpoint;
-    `hf_endpoint`: the pool's hub mirror. None for what the pod reads locally or the kubelet pulls."""
+    `hf_endpoint`: the pool's hub mirror; `oci_pulled`: the worker pulls oci:// images itself (image
+    volumes off), over https unless the policy lists the registry as ``http://`` (``oci_origin``).
+    None for what the pod reads locally or the kubelet pulls."""
+    if isinstance(location, OciImage):
+        return f"https://{location.registry}".lower() if oci_pulled else None
     if isinstance(location, BucketPrefix):
         return _origin(endpoint or location.default_endpoint())
     if isinstance(location, HubRepo):
@@ -237,6 +243,24 @@ def endpoint_allowed(origin: str, allowed: tuple[str, ...]) -> bool:
     return False
 
 
+def plain_http_registries(allowed: tuple[str, ...]) -> tuple[str, ...]:
+    """The registries (``host[:port]``) a worker pulls from over plain http: exactly those the
+    pool's policy spells out as ``http://host:port`` (the operator hands them to the worker as
+    ``HOTSET_OCI_PLAIN_HTTP``); every other registry is pulled over https."""
+    found = []
+    for entry in allowed:
+        scheme, sep, host = entry.lower().rstrip("/").partition("://")
+        if sep and scheme == "http" and not host.startswith("*."):
+            found.append(host)
+    return tuple(found)
+
+
+def oci_origin(image: OciImage, plain_http: tuple[str, ...]) -> str:
+    """``http://registry`` where `plain_http` lists it, else ``https://registry``."""
+    scheme = "http" if image.registry.lower() in plain_http else "https"
+    return f"{scheme}://{image.registry}".lower()
+
+
 def oci_mount_name(image: OciImage) -> str:
     """The folder (under the pool's oci root) and volume name of `image`'s image volume: the
     operator mounts it there, the worker reads it there."""
@@ -249,7 +273,8 @@ def oci_mount_name(image: OciImage) -> str:
 # one Secret per pool namespace that worker pods mount (docs/frameworks.md, "Credentials").
 AWS_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
 HF_KEYS = ("HF_TOKEN",)
-CREDENTIAL_KEYS = AWS_KEYS + HF_KEYS
+DOCKER_CONFIG_KEYS = (".dockerconfigjson",)  # a kubernetes.io/dockerconfigjson Secret's key, for oci:// pulls
+CREDENTIAL_KEYS = AWS_KEYS + HF_KEYS + DOCKER_CONFIG_KEYS
 NAMESPACE_SECRET_ANNOTATION = "hotset.io/source-secret"  # on a Namespace: its models' default Secret
 NAMESPACE_DEFAULT = "_namespace"  # the key segment standing for that default
 

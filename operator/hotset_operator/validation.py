@@ -103,7 +103,8 @@ def _placement_problems(spec: ModelSpec, config: OperatorConfig) -> list[Problem
 
 def _source_problems(spec: ModelSpec, config: OperatorConfig) -> list[Problem]:
     """The pool's source policy: which servers a pod may fetch from (``config.source_endpoints``;
-    plain http only where an entry spells it out), and oci:// only with image volumes."""
+    plain http only where an entry spells it out), oci:// registries included where the workers
+    pull images themselves (image volumes off; with them on, the kubelet pulls)."""
     sources = [("spec.source", spec.source, spec.source_options)]
     if spec.rollout and spec.rollout.canary:
         sources.append(("spec.rollout.canary.source", spec.rollout.canary.source, spec.rollout.canary.source_options))
@@ -114,8 +115,7 @@ def _source_problems(spec: ModelSpec, config: OperatorConfig) -> list[Problem]:
 def source_policy_problem(field: str, uri: str, options: SourceOptions, config: OperatorConfig) -> Problem | None:
     location = locations.parse(uri)
     if isinstance(location, locations.OciImage) and not config.image_volumes:
-        return Problem(f"{field}.uri", "oci:// sources are mounted as image volumes, which this operator has off "
-                                       "(workers.sources.oci.imageVolumes); package the model for s3:// or a PVC")
+        return _registry_problem(field, location, config)
     # The endpoint the pool's own settings pick (the admin's choice: always allowed).
     admin = ""
     if not options.endpoint and isinstance(location, locations.BucketPrefix) and location.scheme == "s3":
@@ -132,6 +132,18 @@ def source_policy_problem(field: str, uri: str, options: SourceOptions, config: 
     why = "plain http is refused unless the policy lists it as http://host:port" if origin.startswith("http://") \
         else "it is not on the pool's source policy"
     return Problem(where, f"{origin} is not allowed: {why} (workers.sources.allowedEndpoints: {listed})")
+
+
+def _registry_problem(field: str, image: locations.OciImage, config: OperatorConfig) -> Problem | None:
+    """A registry the worker pulls from: over https where the policy allows it, or over plain http
+    where the policy spells it out (``plain_http_registries``, which the workers are told)."""
+    origin = locations.oci_origin(image, locations.plain_http_registries(config.source_endpoints))
+    if locations.endpoint_allowed(origin, config.source_endpoints):
+        return None
+    listed = ", ".join(config.source_endpoints) or "any https endpoint"
+    return Problem(f"{field}.uri", f"registry {origin} is not allowed: it is not on the pool's source policy; "
+                                   f"workers pull oci:// images themselves where image volumes are off "
+                                   f"(workers.sources.allowedEndpoints: {listed})")
 
 
 def validate(body: dict[str, Any], config: OperatorConfig) -> Verdict:

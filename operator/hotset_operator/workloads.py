@@ -205,6 +205,8 @@ def _source_env(config: OperatorConfig) -> list[dict[str, Any]]:
         {"name": "HOTSET_S3_PATH_STYLE", "value": "on" if config.s3_path_style else "off"},
         {"name": "HF_ENDPOINT", "value": config.hf_endpoint},
         {"name": "HOTSET_OCI_ROOT", "value": OCI_ROOT},
+        {"name": "HOTSET_OCI_IMAGE_VOLUMES", "value": "on" if config.image_volumes else "off"},
+        {"name": "HOTSET_OCI_PLAIN_HTTP", "value": ",".join(locations.plain_http_registries(config.source_endpoints))},
         {"name": "HOTSET_SOURCE_CREDENTIALS", "value": SOURCE_CREDENTIALS},
     ]
 
@@ -327,7 +329,10 @@ def build_worker_pod_template(config: OperatorConfig, dedicated_to: str | None, 
     GPUs from the settings, placed by `scheduling` over the chart's workers.scheduling.
 
     Each pool follows only its own catalog, so the router (which places a model only on pods
-    whose catalog lists it) never puts other models on a dedicated group, nor its model on the pool."""
+    whose catalog lists it) never puts other models on a dedicated group, nor its model on the pool.
+    With image volumes off the workers pull oci:// sources themselves: `images` mount nothing."""
+    if not config.image_volumes:
+        images = ()
     volumes: list[dict[str, Any]] = [
         {"name": "model-repository", "emptyDir": {}},
         {"name": "worker-tmp", "emptyDir": {}},

@@ -1,5 +1,5 @@
 """The pool's source policy, refused at admission by the operator (Accepted=False naming the field):
-endpoints outside the allowlist, plain http unless spelled out, oci:// without image volumes, an
+endpoints outside the allowlist, plain http unless spelled out, registries the workers pull oci:// from, an
 archive without its sha256."""
 from __future__ import annotations
 
@@ -55,9 +55,15 @@ def test_an_allowlist_refuses_every_other_endpoint_but_the_pools_own() -> None:
     assert "https://cdn.example.net is not allowed" in problem
 
 
-def test_oci_sources_need_image_volumes() -> None:
-    (problem,) = _problems(_body("oci://registry.example.com/models/iris:1"), image_volumes=False)
-    assert problem.startswith("spec.source.uri: oci:// sources are mounted as image volumes")
+def test_oci_sources_without_image_volumes_meet_the_policy_as_the_workers_pull_them() -> None:
+    assert _problems(_body("oci://registry.example.com/models/iris:1"), image_volumes=False) == []  # https
+    policy = {"image_volumes": False, "source_endpoints": "*.example.com,http://registry.internal:5000"}
+    assert _problems(_body("oci://registry.example.com/models/iris:1"), **policy) == []
+    assert _problems(_body("oci://registry.internal:5000/models/iris:1"), **policy) == []  # spelled-out http
+    (problem,) = _problems(_body("oci://ghcr.io/models/iris:1"), **policy)
+    assert problem.startswith("spec.source.uri: registry https://ghcr.io is not allowed")
+    # With image volumes on the kubelet pulls, so the pods' policy does not apply.
+    assert _problems(_body("oci://ghcr.io/models/iris:1"), source_endpoints="*.example.com") == []
 
 
 def test_a_canarys_source_meets_the_same_policy() -> None:

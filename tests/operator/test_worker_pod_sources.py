@@ -56,6 +56,16 @@ def test_oci_sources_become_image_volumes_in_both_containers() -> None:
     assert name in _volumes(workloads.build_dedicated_deployment(dedicated, body, OperatorConfig())["spec"]["template"])
 
 
+def test_without_image_volumes_the_workers_are_told_to_pull_and_which_registries_speak_http() -> None:
+    images = [locations.OciImage("registry.local:5000", "models/iris", tag="1")]
+    config = OperatorConfig(image_volumes=False, source_endpoints="http://registry.local:5000,*.example.com")
+    template = workloads.build_pool_deployment(config, 1, images=images)["spec"]["template"]
+    assert locations.oci_mount_name(images[0]) not in _volumes(template)  # the worker pulls it into its cache
+    env = {e["name"]: e.get("value") for e in _containers(template)["hotset-worker"]["env"]}
+    assert env["HOTSET_OCI_IMAGE_VOLUMES"] == "off"
+    assert env["HOTSET_OCI_PLAIN_HTTP"] == "registry.local:5000"
+
+
 class _Reader:
     """The API server's answers as a test needs them (the real one is tested in test_source_credentials_on_a_cluster)."""
 

@@ -122,6 +122,8 @@ ENVIRONMENT = {
     "s3_path_style": "HOTSET_S3_PATH_STYLE",
     "hf_endpoint": "HF_ENDPOINT",  # huggingface_hub's own name for a hub mirror
     "oci_root": "HOTSET_OCI_ROOT",
+    "oci_image_volumes": "HOTSET_OCI_IMAGE_VOLUMES",
+    "oci_plain_http": "HOTSET_OCI_PLAIN_HTTP",
     "source_credentials": "HOTSET_SOURCE_CREDENTIALS",
     "load_timeout_s": "HOTSET_LOAD_TIMEOUT_S",
 }
@@ -227,6 +229,11 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
                         help="a Hugging Face hub mirror for hf:// sources ($HF_ENDPOINT); empty: the public hub")
     parser.add_argument("--oci-root", default=default("oci_root", "/mnt/oci"),
                         help="where the operator mounts oci:// sources as image volumes")
+    parser.add_argument("--oci-image-volumes", default=default("oci_image_volumes", "on"), choices=["on", "off"],
+                        help="on: oci:// sources are image volumes under --oci-root; off: pulled into --source-cache")
+    parser.add_argument("--oci-plain-http", default=default("oci_plain_http", ""),
+                        help="comma-separated registries (host:port) pulled over plain http (the source policy's "
+                             "http:// entries); every other registry over https")
     parser.add_argument("--source-credentials", default=default("source_credentials", ""),
                         help="folder of source credentials (a mounted Secret: <namespace>.<secret>.<KEY> files)")
     parser.add_argument("--load-timeout-s", type=float, default=default("load_timeout_s", DEFAULT_LOAD_TIMEOUT_S),
@@ -291,7 +298,8 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
             source_settings=SourceSettings(
                 s3_endpoint=args.s3_endpoint.strip().rstrip("/"), s3_region=args.s3_region.strip(),
                 s3_path_style=args.s3_path_style == "on", hf_endpoint=args.hf_endpoint.strip().rstrip("/"),
-                oci_root=Path(args.oci_root)),
+                oci_root=Path(args.oci_root), oci_image_volumes=args.oci_image_volumes == "on",
+                oci_plain_http=tuple(host.lower() for host in _split(args.oci_plain_http))),
             source_credentials=Path(args.source_credentials) if args.source_credentials.strip() else None,
             load_timeout_s=float(args.load_timeout_s),
         )

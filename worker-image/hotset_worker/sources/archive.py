@@ -121,7 +121,9 @@ def _download(uri: str, location: Archive, target: Path, progress: Progress, dea
     return digest.hexdigest()
 
 
-def _inside(uri: str, folder: Path, name: str) -> Path:
+def inside(uri: str, folder: Path, name: str) -> Path:
+    """`name` (an archive or layer member) under `folder`; a load failure naming it if it would
+    land outside (absolute, ``..``, a drive). Shared with oci:// layers (``oci_layers``)."""
     parts = PurePosixPath(name.replace("\\", "/")).parts
     if not parts or name.startswith("/") or ".." in parts or (parts and ":" in parts[0]):
         raise errors.ModelLoadFailed(f"source {uri!r}: archive member {name[:120]!r} would be written outside the "
@@ -137,7 +139,7 @@ def _unpack(uri: str, location: Archive, download: Path, folder: Path) -> None:
         elif kind == "zip":
             _unzip(uri, download, folder)
         else:
-            download.rename(_inside(uri, folder, location.filename))
+            download.rename(inside(uri, folder, location.filename))
             return
     except (tarfile.TarError, zipfile.BadZipFile, EOFError) as exc:
         raise errors.ModelLoadFailed(f"source {uri!r}: the archive does not unpack ({type(exc).__name__}: {exc})") from exc
@@ -147,7 +149,7 @@ def _unpack(uri: str, location: Archive, download: Path, folder: Path) -> None:
 def _untar(uri: str, download: Path, folder: Path) -> None:
     with tarfile.open(download, "r:*") as archive:
         for member in archive:
-            target = _inside(uri, folder, member.name)
+            target = inside(uri, folder, member.name)
             if member.isdir():
                 target.mkdir(parents=True, exist_ok=True)
             elif member.isfile():
@@ -165,7 +167,7 @@ def _untar(uri: str, download: Path, folder: Path) -> None:
 def _unzip(uri: str, download: Path, folder: Path) -> None:
     with zipfile.ZipFile(download) as archive:
         for info in archive.infolist():
-            target = _inside(uri, folder, info.filename)
+            target = inside(uri, folder, info.filename)
             if info.is_dir():
                 target.mkdir(parents=True, exist_ok=True)
                 continue

@@ -7,7 +7,8 @@ content key), takes the entry from the cache or fills it once, and keeps a
 lease on it for as long as the manager holds a copy of that model
 (``in_use``: the manager's copies, asked on each fetch and every
 ``SWEEP_S``). ``oci://`` sources are image volumes the kubelet mounted
-(``oci.folder``): nothing to fetch. A load's deadline covers its fetch: one
+(``oci.folder``: nothing to fetch), or, where the pool has image volumes off,
+pulled into the cache like the others (``oci_pull``). A load's deadline covers its fetch: one
 still running at ``load_timeout_s`` fails the load, naming how far it got.
 """
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Callable, Iterable, Protocol
 from hotset_common import errors
 from hotset_common import sources as locations
 from hotset_common.spec import ModelSpec
-from hotset_worker.sources import archive, hub, oci, s3
+from hotset_worker.sources import archive, hub, oci, oci_pull, s3
 from hotset_worker.sources.cache import ContentCache, Lease, format_progress
 from hotset_worker.sources.credentials import Credentials
 from hotset_worker.sources.plan import FetchPlan, SourceSettings
@@ -76,7 +77,7 @@ class SourceFetcher:
     def folder(self, spec: ModelSpec) -> Path:
         """The local folder of `spec`'s remote source, fetched if it is not cached (blocking)."""
         location = locations.parse(spec.source)
-        if isinstance(location, locations.OciImage):
+        if isinstance(location, locations.OciImage) and self.settings.oci_image_volumes:
             return oci.folder(spec.source, location, self.settings)
         if self.cache is None:
             raise errors.ModelLoadFailed(f"source {spec.source!r}: this worker has no source cache (--source-cache)")
@@ -106,7 +107,7 @@ class SourceFetcher:
         """The folder of `spec`'s source if it can be read without fetching (metadata of a cold
         model must not download it): an image volume, or a copy this worker holds a lease on."""
         location = locations.parse(spec.source)
-        if isinstance(location, locations.OciImage):
+        if isinstance(location, locations.OciImage) and self.settings.oci_image_volumes:
             path = oci.mount_path(location, self.settings)
             return path if path.is_dir() else None
         with self._lock:
@@ -167,7 +168,7 @@ class SourceFetcher:
 
     def _cached_plan(self, location: locations.Location, spec: ModelSpec) -> FetchPlan | None:
         """A plan that needs no request: the source's key is known from the spec (an archive's
-        sha256, a hub commit) and the cache holds it. None: ask the source (S3 always: only a
+        sha256, a hub commit, an image's manifest digest) and the cache holds it. None: ask the source (S3 always: only a
         listing tells whether a prefix changed)."""
         assert self.cache is not None
         key = None
@@ -175,6 +176,8 @@ class SourceFetcher:
             key = archive.known_key(spec.source_options)
         elif isinstance(location, locations.HubRepo):
             key = hub.known_key(location, self.settings)
+        elif isinstance(location, locations.OciImage):
+            key = oci_pull.known_key(location)
         if key is None or not self.cache.has(key):
             return None
 
@@ -190,6 +193,8 @@ class SourceFetcher:
             return hub.plan(spec.source, location, spec.source_options, self.settings, self.credentials)
         if isinstance(location, locations.Archive):
             return archive.plan(spec.source, location, spec.source_options)
+        if isinstance(location, locations.OciImage):
+            return oci_pull.plan(spec.source, location, spec.source_options, self.settings, self.credentials)
         raise errors.ModelLoadFailed(f"source {spec.source!r} is not fetched by the worker")
 
 

@@ -22,6 +22,8 @@ class SourceSettings:
     s3_path_style: bool = True  # most S3-compatible servers want the bucket in the path
     hf_endpoint: str = ""  # a hub mirror; empty: the public hub
     oci_root: Path = Path("/mnt/oci")  # where the operator mounts oci:// image volumes
+    oci_image_volumes: bool = True  # False: the worker pulls oci:// sources into its cache (oci_pull)
+    oci_plain_http: tuple[str, ...] = ()  # registries (host:port) pulled over plain http: the policy's http:// entries
 
 
 @dataclass(frozen=True)

@@ -2,12 +2,14 @@
 
 e2e/kind/test_platform_scenarios.py does ``from scenarios.scenario_tests import *``:
 pytest then runs these tests on the kind tier's ``platform`` and ``sm_kube``
-fixtures. A new scenario is one function in served_models.py and one test here.
-They run in this order on one platform (see served_models.py for why the order
-matters).
+fixtures. A new scenario is one function in a scenario module (served_models.py,
+or a module of its own for a subject of its own: openai_api.py) and
+one test here. They run in this order on one platform (see served_models.py for
+why the order matters).
 """
 from __future__ import annotations
 
+from scenarios import openai_api
 from scenarios import served_models as scenario
 
 
@@ -57,3 +59,8 @@ def test_model_from_s3_served_through_router(platform, sm_kube) -> None:
 
 def test_model_from_an_oci_image_served_through_an_image_volume(platform, sm_kube) -> None:
     scenario.model_from_oci_image_served(platform, sm_kube)
+
+
+def test_openai_chat_stream_and_embeddings_through_the_router(platform, sm_kube) -> None:
+    openai_api.openai_api_served(platform, sm_kube)
+

@@ -2,11 +2,11 @@
 
 GPU node pools are tainted (GKE: ``nvidia.com/gpu=present:NoSchedule``) and
 advertise ``nvidia.com/gpu`` through NVIDIA's device plugin. kind has no GPU,
-so the scenario makes one node look like such a node the documented way for
-extended resources: a taint, and ``nvidia.com/gpu: 1`` patched into the node's
-status (its ``/status`` subresource; the kubelet keeps an extended resource no
-device plugin owns and admits pods that request it without allocating
-devices). The chart then runs with ``workers.gpu.mode: devicePlugin``, so every
+so the scenario makes one node (the one with the most CPU free) look like such
+a node the documented way for extended resources: a taint, and
+``nvidia.com/gpu: 1`` patched into the node's status (its ``/status``
+subresource; the kubelet keeps an extended resource no device plugin owns and
+admits pods that request it without allocating devices). The chart then runs with ``workers.gpu.mode: devicePlugin``, so every
 worker pod requests the GPU, and a dedicated ServedModel's
 ``spec.scheduling.tolerations`` let its pod onto the node. The real scheduler
 and kubelet decide; the worker finds no CUDA device and runs on the CPU
@@ -35,12 +35,20 @@ MODEL = "sentiment-gpu"
 _POINTER = GPU_RESOURCE.replace("~", "~0").replace("/", "~1")
 
 
+def millicores(quantity: str) -> int:
+    """A CPU quantity ("2", "400m", "1.5") in millicores."""
+    return int(quantity[:-1]) if quantity.endswith("m") else round(float(quantity) * 1000)
+
+
 def gpu_node_candidate(kube: Kube) -> str:
-    """The node to make a GPU node: kind's worker (the control plane's node keeps its add-ons)."""
-    nodes = kube.items("nodes")
-    workers = [n["metadata"]["name"] for n in nodes
-               if "node-role.kubernetes.io/control-plane" not in n["metadata"].get("labels", {})]
-    return sorted(workers or [n["metadata"]["name"] for n in nodes])[0]
+    """The node to make a GPU node: the one with the most CPU no pod requests (the dedicated pod
+    needs a worker's and a sidecar's share; where the pool's pods are depends on the scenarios before)."""
+    free = {n["metadata"]["name"]: millicores(n["status"]["allocatable"]["cpu"]) for n in kube.items("nodes")}
+    for pod in json.loads(kube.runner.kubectl("get", "pods", "-A", "-o", "json").stdout)["items"]:
+        if pod["spec"].get("nodeName") in free and pod["status"].get("phase") not in ("Succeeded", "Failed"):
+            free[pod["spec"]["nodeName"]] -= sum(millicores(c.get("resources", {}).get("requests", {}).get("cpu", "0"))
+                                                 for c in pod["spec"]["containers"])
+    return max(sorted(free), key=lambda name: free[name])
 
 
 def node(kube: Kube, name: str) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 import math
-from typing import Any, NamedTuple
+from typing import Any, Mapping, NamedTuple
 
 from pydantic import BaseModel, Field
 
@@ -48,6 +48,47 @@ VARIANT_HEADER = "x-hotset-variant"
 # On every inference answer: the version of the copy that computed it (during a rollout, the old
 # version until the new copy has taken over).
 VERSION_HEADER = "x-hotset-model-version"
+
+# Where an answer's time went: the standard header (W3C Server Timing), one comma-separated list of
+# metrics. The worker writes its own (queue, load, batch, infer); the router adds its entries beside
+# them, so a client reads both in one header and never loses the worker's.
+SERVER_TIMING_HEADER = "server-timing"
+
+
+class TimingMetric(NamedTuple):
+    """One Server-Timing metric: its name (what clients parse) and the description tools show."""
+
+    name: str
+    description: str
+
+    def entry(self, seconds: float) -> str:
+        """``pod-wait;dur=812.4;desc="waited for a starting pod"`` (milliseconds, as the header wants)."""
+        return f'{self.name};dur={seconds * 1000:.1f};desc="{self.description}"'
+
+
+# The router's: a request held because no ready pod could serve its model yet (scale from zero,
+# pods starting or rolling; router/hotset_router/pod_waiter.py). Only answers that waited carry it.
+POD_WAIT_TIMING = TimingMetric("pod-wait", "waited for a starting pod")
+
+
+def with_server_timing(headers: Mapping[str, str], entry: str) -> dict[str, str]:
+    """`headers` with `entry` added to their Server-Timing (first: it happened before the worker's
+    time), the entries already there kept; header names compared without case."""
+    kept = {k: v for k, v in headers.items() if k.lower() != SERVER_TIMING_HEADER}
+    present = [v for k, v in headers.items() if k.lower() == SERVER_TIMING_HEADER and v.strip()]
+    return {**kept, SERVER_TIMING_HEADER: ", ".join([entry, *present])}
+
+
+def server_timing_durations(header: str) -> dict[str, float]:
+    """``load;dur=41.2, pod-wait;dur=800;desc="..."`` -> {"load": 0.0412, "pod-wait": 0.8} (seconds);
+    metrics without a duration are left out."""
+    durations: dict[str, float] = {}
+    for metric in header.split(","):
+        name, *params = [part.strip() for part in metric.split(";")]
+        for param in params:
+            if param.startswith("dur="):
+                durations[name] = float(param[4:]) / 1000
+    return durations
 
 
 class PredictRequest(BaseModel):

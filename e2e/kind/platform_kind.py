@@ -62,6 +62,9 @@ class KindPlatform:
     def set_memory_budget(self, budget_bytes: int) -> None:
         self.install(**{"workers.memoryBudget": budget_bytes})
 
+    def set_gpu_mode(self, mode: str) -> None:
+        self.install(**{"workers.gpu.mode": mode})
+
     def wait_installed(self, timeout: float = 600) -> None:
         for component in ("operator", "router"):
             selector = f"app.kubernetes.io/component={component}"

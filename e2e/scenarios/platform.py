@@ -40,6 +40,9 @@ class Platform(Protocol):
     def set_memory_budget(self, budget_bytes: int) -> None:
         """Re-install the chart with a different memory budget per worker pod."""
 
+    def set_gpu_mode(self, mode: str) -> None:
+        """Re-install the chart with another workers.gpu.mode (devicePlugin, dra or none)."""
+
     def service_url(self, service: str, port: int) -> str:
         """A URL on this machine that reaches a Service of the namespace (a port-forward)."""
 

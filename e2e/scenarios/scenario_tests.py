@@ -2,12 +2,14 @@
 
 e2e/kind/test_platform_scenarios.py does ``from scenarios.scenario_tests import *``:
 pytest then runs these tests on the kind tier's ``platform`` and ``sm_kube``
-fixtures. A new scenario is one function in served_models.py and one test here.
-They run in this order on one platform (see served_models.py for why the order
-matters).
+fixtures. A new scenario is one function in a scenario module (served_models.py,
+or a module of its own for a subject of its own: openai_api.py, gpu_nodes.py) and
+one test here. They run in this order on one platform (see served_models.py for
+why the order matters; the last two leave the cluster as they found it).
 """
 from __future__ import annotations
 
+from scenarios import gpu_nodes, openai_api
 from scenarios import served_models as scenario
 
 
@@ -57,3 +59,11 @@ def test_model_from_s3_served_through_router(platform, sm_kube) -> None:
 
 def test_model_from_an_oci_image_served_through_an_image_volume(platform, sm_kube) -> None:
     scenario.model_from_oci_image_served(platform, sm_kube)
+
+
+def test_openai_chat_stream_and_embeddings_through_the_router(platform, sm_kube) -> None:
+    openai_api.openai_api_served(platform, sm_kube)
+
+
+def test_a_tolerating_worker_pod_lands_on_a_tainted_gpu_node(platform, sm_kube) -> None:
+    gpu_nodes.tolerating_pod_on_the_gpu_node(platform, sm_kube)

@@ -11,7 +11,8 @@
   counts in the copy's in-flight requests while it lasts.
 - With no ready pod able to serve the model (pods starting, or scaled to
   zero), the request first waits (within its deadline) while one starts
-  (pod_waiter.py).
+  (pod_waiter.py); an answer that waited names the wait in its
+  Server-Timing (``wire.POD_WAIT_TIMING``).
 - Streams (the OpenAI routes) take the same path and return as soon as the
   answer starts; the copy counts the request until the caller closes it.
 """
@@ -20,7 +21,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Awaitable, Callable, Mapping, TypeVar
 
-from hotset_common import errors
+from hotset_common import errors, wire
 from hotset_common.wire import TIMEOUT_HEADER
 from hotset_router.deadlines import Deadlines
 from hotset_router.model_map import ModelMap
@@ -56,15 +57,19 @@ class Forwarder:
         """Send a request for `model` to a copy within its deadline, retrying once elsewhere on failure.
         `load=False` (metadata): never place a copy; any pod that can load the model answers from its store."""
         deadline = self.deadlines.deadline(headers)
-        if load:
-            await self.hold_for_pod(model, deadline)
-            if "/versions/" not in path:  # a request that names a version gets that version
-                model, headers = self.targets.with_variant(model, headers)
 
-        async def attempt(url: str, cold: bool) -> UpstreamResponse | None:
-            return await self._try(url, model, method, path, body, headers, deadline, cold and load)
+        async def send() -> UpstreamResponse:
+            chosen, sent = model, headers
+            if load and "/versions/" not in path:  # a request that names a version gets that version
+                chosen, sent = self.targets.with_variant(model, headers)
 
-        return await self._with_one_retry(model, deadline, lambda tried: self.targets.target(model, tried, load), attempt)
+            async def attempt(url: str, cold: bool) -> UpstreamResponse | None:
+                return await self._try(url, chosen, method, path, body, sent, deadline, cold and load)
+
+            return await self._with_one_retry(chosen, deadline, lambda tried: self.targets.target(chosen, tried, load),
+                                              attempt)
+
+        return await self._after_pod_wait(model, deadline, send) if load else await send()
 
     async def open_stream(self, model: str, method: str, path: str, body: bytes, headers: Mapping[str, str],
                           prefix: str = "", base: str = "") -> UpstreamStream:
@@ -73,15 +78,18 @@ class Forwarder:
         A pod that fails, or answers 5xx, before its answer starts costs one retry elsewhere; once an
         answer streams, it is the answer."""
         deadline = self.deadlines.deadline(headers)
-        await self.hold_for_pod(model, deadline)
-        model, headers = self.targets.with_variant(model, headers)  # the canary split, as for whole answers
 
-        async def attempt(url: str, loads: tuple[str, ...]) -> UpstreamStream | None:
-            return await self._open(url, model, method, path, body, headers, deadline, loads)
+        async def send() -> UpstreamStream:
+            chosen, sent = self.targets.with_variant(model, headers)  # the canary split, as for whole answers
 
-        return await self._with_one_retry(model, deadline,
-                                          lambda tried: self.targets.stream_target(model, tried, prefix, base),
-                                          attempt, discard=lambda stream: stream.close())
+            async def attempt(url: str, loads: tuple[str, ...]) -> UpstreamStream | None:
+                return await self._open(url, chosen, method, path, body, sent, deadline, loads)
+
+            return await self._with_one_retry(chosen, deadline,
+                                              lambda tried: self.targets.stream_target(chosen, tried, prefix, base),
+                                              attempt, discard=lambda stream: stream.close())
+
+        return await self._after_pod_wait(model, deadline, send)
 
     async def _with_one_retry(self, model: str, deadline: float, target: Callable[[list[str]], tuple[str, Any] | None],
                               attempt: Callable[[str, Any], Awaitable[Answer | None]],
@@ -113,11 +121,28 @@ class Forwarder:
             return kept  # a 5xx with no other copy to try: the worker's answer stands
         raise errors.BackendUnavailable(f"no ready copy of {model!r} answered", self.retry_after_s)
 
-    async def hold_for_pod(self, model: str, deadline: float) -> None:
+    async def hold_for_pod(self, model: str, deadline: float) -> float | None:
         """With no ready pod able to serve `model`, wait (within `deadline`) while one starts
-        (pod_waiter.py); at once otherwise."""
-        if self.pod_waiter is not None:
-            await self.pod_waiter.wait(model, deadline)
+        (pod_waiter.py) and return the seconds held; None at once otherwise."""
+        if self.pod_waiter is None:
+            return None
+        return await self.pod_waiter.wait(model, deadline)
+
+    async def _after_pod_wait(self, model: str, deadline: float, send: Callable[[], Awaitable[Answer]]) -> Answer:
+        """Hold for a pod, then `send`. The one place every inference request (seed, OIP v2, OpenAI,
+        whole or streamed) may wait, so the one place its answer says so: after a hold, the answer's
+        Server-Timing (or the error's) gains ``wire.POD_WAIT_TIMING`` beside the worker's entries.
+        A stream's headers go out after the wait, so they carry it too."""
+        held = await self.hold_for_pod(model, deadline)
+        if held is None:
+            return await send()
+        entry = wire.POD_WAIT_TIMING.entry(held)
+        try:
+            answer = await send()
+        except errors.HotsetError as exc:
+            exc.headers = wire.with_server_timing(exc.headers, entry)
+            raise
+        return answer.with_headers(wire.with_server_timing(answer.headers, entry))
 
     async def _try(self, url: str, model: str, method: str, path: str, body: bytes, headers: Mapping[str, str],
                    deadline: float, loads: bool = False) -> UpstreamResponse | None:

@@ -14,7 +14,10 @@ router's ``--model-store``) declares it or some pod's catalog lists it; a
 model nobody knows is answered at once (404). In cluster mode the router
 also asks the operator for a pod: it annotates the model's ServedModel with
 ``hotset.io/wanted-at``, the one write the router makes. Nothing polls on
-the request path: the request waits for the sync's next pass.
+the request path: the request waits for the sync's next pass. ``wait``
+returns how long it held the request, and the 503 at its deadline says so
+too (``wire.POD_WAIT_TIMING`` in Server-Timing): a client can tell a slow
+answer that waited for a pod from one that was slow on the pod.
 """
 from __future__ import annotations
 
@@ -23,7 +26,7 @@ import logging
 import time
 from typing import Callable, Protocol
 
-from hotset_common import errors
+from hotset_common import errors, wire
 from hotset_router.discovery import Discovery
 from hotset_router.model_map import ModelMap
 from hotset_router.status_sync import StatusSync
@@ -58,14 +61,15 @@ class PodWaiter:
             return True
         return any(self.eligible(model, pod.url) for pod in self.model_map.pods_with_catalog(model))
 
-    async def wait(self, model: str, deadline: float) -> None:
-        """Hold until a pod can serve `model`; at once when one can, or when nothing declares or lists
-        the model (the normal path answers then). Past `deadline` (event-loop time): 503 + Retry-After."""
+    async def wait(self, model: str, deadline: float) -> float | None:
+        """Hold until a pod can serve `model`, and return the seconds held; None at once when one can, or
+        when nothing declares or lists the model (the normal path answers then). Past `deadline`
+        (event-loop time): 503 + Retry-After, with the time held in its Server-Timing."""
         if self.can_serve(model):
-            return
+            return None
         declared = self.discovery.spec_of(model) is not None
         if not declared and not self.model_map.is_known(model):
-            return
+            return None
         asks = declared and self.marker is not None
         loop = asyncio.get_running_loop()
         started = loop.time()
@@ -76,16 +80,21 @@ class PodWaiter:
             if left <= 0:
                 self.metrics.held(model, "deadline")
                 how = "one was asked for" if asks else "the request waited"
-                raise errors.BackendUnavailable(
-                    f"no pod of {model!r} is ready yet: {how} {loop.time() - started:.1f}s ago; the request's "
+                held = loop.time() - started
+                expired = errors.BackendUnavailable(
+                    f"no pod of {model!r} is ready yet: {how} {held:.1f}s ago; the request's "
                     "deadline passed first", self.retry_after_s)
+                expired.headers[wire.SERVER_TIMING_HEADER] = wire.POD_WAIT_TIMING.entry(held)
+                raise expired
             if asks:
                 self._mark(model, loop.time())
             try:
                 await asyncio.wait_for(self.sync.changed(), min(left, MARK_EVERY_S))
             except (asyncio.TimeoutError, TimeoutError):
                 pass
-        self.metrics.held(model, "served", loop.time() - started)
+        held = loop.time() - started
+        self.metrics.held(model, "served", held)
+        return held
 
     def _mark(self, model: str, now: float) -> None:
         """Annotate the model's ServedModel, at most every MARK_EVERY_S, off the event loop."""

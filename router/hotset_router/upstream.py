@@ -16,12 +16,12 @@ import aiohttp
 import yarl
 
 from hotset_common import errors
-from hotset_common.wire import (ROUTER_ID_HEADER, STATUS_LIMIT, STATUS_SINCE, TIMEOUT_HEADER, VARIANT_HEADER,
-                                 VERSION_HEADER, WorkerStatus)
+from hotset_common.wire import (ROUTER_ID_HEADER, SERVER_TIMING_HEADER, STATUS_LIMIT, STATUS_SINCE, TIMEOUT_HEADER,
+                                 VARIANT_HEADER, VERSION_HEADER, WorkerStatus)
 
 # Headers a worker's answer keeps on its way back through the router. Content-Encoding goes with
 # the body it describes (a client that asked for gzip with Accept-Encoding gets it from Triton).
-PASSED_RESPONSE_HEADERS = ("content-type", "inference-header-content-length", "retry-after", "server-timing",
+PASSED_RESPONSE_HEADERS = ("content-type", "inference-header-content-length", "retry-after", SERVER_TIMING_HEADER,
                            "content-encoding", VERSION_HEADER)
 # Headers a client's request keeps on its way to a worker: a gzip body (tritonclient's request
 # compression) is only readable with its Content-Encoding.
@@ -61,6 +61,10 @@ class UpstreamResponse:
     def text(self) -> str:
         return self.content.decode(errors="replace")
 
+    def with_headers(self, headers: Mapping[str, str]) -> "UpstreamResponse":
+        """The same answer with other headers (the router's Server-Timing added to the worker's)."""
+        return dataclasses.replace(self, headers=headers)
+
 
 class UpstreamStream:
     """A worker's answer whose body is still arriving (server-sent events): passed on chunk by chunk
@@ -77,6 +81,11 @@ class UpstreamStream:
 
     def on_close(self, callback: Callable[[], None]) -> None:
         self._on_close.append(callback)
+
+    def with_headers(self, headers: Mapping[str, str]) -> "UpstreamStream":
+        """This answer with other headers, before they are sent (the router's Server-Timing added)."""
+        self.headers = headers
+        return self
 
     async def chunks(self) -> AsyncIterator[bytes]:
         """The body as it arrives; a worker that goes away mid-answer ends it early."""

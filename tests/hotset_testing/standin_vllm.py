@@ -8,7 +8,8 @@ hotset uses: ``/health``, ``/v1/models``, completions and chat
 completions (streamed or whole), and runtime LoRA loading
 (``/v1/load_lora_adapter``, ``/v1/unload_lora_adapter``, refused unless
 ``--enable-lora`` and ``VLLM_ALLOW_RUNTIME_LORA_UPDATING`` are set, as vLLM
-refuses them). It loads no weights: its "tokens" are the words of a fixed
+refuses them). Given ``--api-key``, its ``/v1`` routes answer 401 without
+that key, as vLLM's do; ``/health`` stays open. It loads no weights: its "tokens" are the words of a fixed
 text, produced ``--standin-token-delay-s`` seconds apart (a paced
 generator whose gaps a benchmark can compare), prefixed with the LoRA
 adapter's name when one is asked for. ``GET /standin/state`` says how it was
@@ -50,10 +51,14 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--enable-lora", action="store_true")
     p.add_argument("--max-loras", type=int, default=1)
+    p.add_argument("--api-key", default="")
     # The stand-in's own flags (a test puts them in the worker's --vllm-command):
     p.add_argument("--standin-token-delay-s", type=float, default=0.005, help="seconds between two tokens")
     p.add_argument("--standin-start-delay-s", type=float, default=0.0, help="a slow start (weights, CUDA graphs)")
     p.add_argument("--standin-fail-start", default="", help="exit at once with this message (a model vLLM cannot load)")
+    p.add_argument("--standin-die-on-first-request", default="",
+                   help="answer /health, then exit with this message on the first generation (a model shape "
+                        "vLLM's kernels lack)")
     return p.parse_known_args(argv)
 
 
@@ -69,6 +74,13 @@ def create_app(args: argparse.Namespace, ignored: list[str], token_delay_s: floa
     by_prefix: collections.Counter[str] = collections.Counter()
     requests = collections.Counter()
 
+    @app.middleware("http")
+    async def require_key(request: Request, call_next):  # type: ignore[no-untyped-def]
+        if args.api_key and request.url.path.startswith("/v1") and \
+                request.headers.get("authorization") != f"Bearer {args.api_key}":
+            return JSONResponse({"error": "Unauthorized"}, status_code=401)
+        return await call_next(request)
+
     @app.get("/health")
     async def health() -> Response:
         return Response(status_code=200)
@@ -76,6 +88,8 @@ def create_app(args: argparse.Namespace, ignored: list[str], token_delay_s: floa
     @app.get("/standin/state")
     async def state() -> dict[str, Any]:
         return {"pid": os.getpid(), "served": served, "model": args.model, "loras": sorted(loras),
+                "keyed": bool(args.api_key), "cpu_bind": os.environ.get("VLLM_CPU_OMP_THREADS_BIND"),
+                "usage_stats_off": os.environ.get("VLLM_NO_USAGE_STATS") == "1" and os.environ.get("DO_NOT_TRACK") == "1",
                 "gpu_memory_utilization": args.gpu_memory_utilization, "enable_lora": args.enable_lora,
                 "max_model_len": args.max_model_len, "ignored_flags": ignored, "requests": dict(requests),
                 "prefixes": dict(by_prefix)}
@@ -109,6 +123,9 @@ def create_app(args: argparse.Namespace, ignored: list[str], token_delay_s: floa
         return PlainTextResponse(f"Success: LoRA adapter '{name}' removed successfully.")
 
     async def generate(request: Request, chat: bool) -> Response:
+        if args.standin_die_on_first_request:
+            print(f"standin: {args.standin_die_on_first_request}", flush=True)
+            os._exit(4)
         body = await request.json()
         model = body.get("model")
         if model not in names and model not in loras:

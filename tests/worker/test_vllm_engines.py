@@ -59,6 +59,8 @@ MODELS = [
     {"id": "third", "engineArgs": {"gpu_memory_utilization": 0.25}},
     {"id": "greedy", "memory": "256Mi", "engineArgs": {"trust_remote_code": True}},
     {"id": "unsized"},
+    {"id": "warmed", "memory": "128Mi", "warmup": ["Hello there", {"messages": [{"role": "user", "content": "hi"}]}]},
+    {"id": "overlong-warmup", "memory": "128Mi", "warmup": [{"prompt": "hi", "max_tokens": 100000}]},
 ]
 
 
@@ -144,6 +146,43 @@ def test_a_model_is_an_engine_process_started_by_its_load_and_stopped_by_its_unl
     assert engines(worker) == {} and "llm" not in copies(worker)
 
 
+def test_an_engine_takes_only_its_workers_calls_reports_no_usage_and_computes_on_cores_of_its_own(
+        worker, client) -> None:
+    ask(client, "llm")
+    ask(client, "other")
+    running = engines(worker)
+    states = {model: engine_state(engine) for model, engine in running.items()}
+    assert all(state["usage_stats_off"] and state["keyed"] for state in states.values())
+    for engine in running.values():  # the engine's own port, without the worker's key
+        argv = engine.cmdline()
+        direct = httpx.post(f"http://127.0.0.1:{argv[argv.index('--port') + 1]}/v1/load_lora_adapter",
+                            json={"lora_name": "x", "lora_path": "/tmp"}, timeout=5)
+        assert direct.status_code == 401
+    binds = [set(map(int, state["cpu_bind"].split(","))) for state in states.values()]
+    assert all(binds) and binds[0] <= os.sched_getaffinity(0)
+    if len(os.sched_getaffinity(0)) >= 2:
+        assert not binds[0] & binds[1], f"two engines on the same cores: {binds}"
+
+
+def test_a_warm_up_runs_through_the_engine_before_ready_and_a_refused_one_fails_the_load(worker, client) -> None:
+    assert ask(client, "warmed") == "the engine streams one"
+    assert engine_state(engines(worker)["warmed"])["requests"]["warmed"] >= 3  # probe, two warm-ups, the ask
+    with pytest.raises(openai.APIStatusError) as refused:
+        ask(client, "overlong-warmup")
+    assert "warm-up" in refused.value.body["message"] and "maximum context length" in refused.value.body["message"]
+    wait_for(lambda: "overlong-warmup" not in engines(worker), "the failed copy's engine to stop", timeout=15)
+    assert copies(worker)["overlong-warmup"]["state"] == "FAILED" and copies(worker)["warmed"]["state"] == "READY"
+
+
+def test_an_engine_setting_the_pinned_vllm_lacks_is_refused_by_name() -> None:
+    from hotset_worker.frameworks.vllm_worker import engine_flags
+    from hotset_common import errors
+
+    with pytest.raises(errors.ModelLoadFailed, match="swap_space"):
+        engine_flags({"swap_space": 4})
+    assert engine_flags({"max_model_len": 512, "enforce_eager": True}) == ["--enforce-eager", "--max-model-len", "512"]
+
+
 def test_a_share_given_as_gpu_memory_utilization_counts_as_its_bytes(worker, client) -> None:
     ask(client, "third")
     assert engine_state(engines(worker)["third"])["gpu_memory_utilization"] == 0.25
@@ -210,6 +249,19 @@ def test_an_engine_that_fails_to_start_reports_its_own_last_words(tmp_path) -> N
         assert "CUDA out of memory" in answer.json()["error"]["message"]
         (failed,) = httpx.get(f"{url}/status", timeout=5).json()["models"]
         assert failed["state"] == "FAILED" and "CUDA out of memory" in failed["reason"]
+
+
+def test_an_engine_that_answers_health_but_dies_on_its_first_token_is_a_failed_load(tmp_path) -> None:
+    store = write_store(tmp_path, [{"id": "llm", "memory": "256Mi"}])
+    args = ["--model-store", str(store), "--memory-budget", "1Gi", "--vllm-device-memory", "1Gi",
+            "--vllm-command", standin_command("--standin-die-on-first-request", "'head size 16 is not supported'")]
+    with worker_process(args) as url:
+        answer = httpx.post(f"{url}/v1/completions", json={"model": "llm", "prompt": "hi"}, timeout=60)
+        assert answer.status_code == 500
+        message = answer.json()["error"]["message"]
+        assert "cannot run its model" in message and "head size 16 is not supported" in message
+        (failed,) = httpx.get(f"{url}/status", timeout=5).json()["models"]
+        assert failed["state"] == "FAILED"  # never READY
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")

@@ -35,7 +35,7 @@ from hotset_worker.sources.fetcher import DEFAULT_LOAD_TIMEOUT_S, SourceFetcher
 from hotset_worker.sources.plan import SourceSettings
 from hotset_worker.store import FollowedModelStore, JsonModelStore, ModelStore
 from hotset_worker.triton_backend import TritonBackend
-from hotset_worker.vllm_engines import DEFAULT_START_TIMEOUT_S, VllmEngines
+from hotset_worker.vllm_engines import DEFAULT_START_TIMEOUT_S, CoreSets, VllmEngines
 
 log = logging.getLogger("hotset_worker")
 
@@ -67,6 +67,7 @@ class Settings:
     vllm_command: tuple[str, ...] = ()  # empty: vLLM's own OpenAI server, when vllm is installed
     vllm_device_memory: int | None = None  # None: the first GPU's memory
     vllm_start_timeout_s: float = DEFAULT_START_TIMEOUT_S
+    vllm_cpu_cores_per_engine: int = 0  # on a pod without a GPU; 0: half the pod's cores
     log_level: str = "info"
     api_token: str = ""  # empty: no auth (standalone, loopback); cluster pods get one from a Secret
     drain_s: float = 5.0
@@ -109,6 +110,7 @@ ENVIRONMENT = {
     "vllm_command": "HOTSET_VLLM_COMMAND",
     "vllm_device_memory": "HOTSET_VLLM_DEVICE_MEMORY",
     "vllm_start_timeout_s": "HOTSET_VLLM_START_TIMEOUT_S",
+    "vllm_cpu_cores_per_engine": "HOTSET_VLLM_CPU_CORES_PER_ENGINE",
     "log_level": "HOTSET_LOG_LEVEL",
     "api_token": "HOTSET_API_TOKEN",
     "drain_s": "HOTSET_DRAIN_SECONDS",
@@ -205,6 +207,10 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         "--vllm-start-timeout-s", type=float, default=default("vllm_start_timeout_s", DEFAULT_START_TIMEOUT_S),
         help="longest a vllm engine may take to answer /health after it starts",
     )
+    parser.add_argument(
+        "--vllm-cpu-cores-per-engine", type=int, default=default("vllm_cpu_cores_per_engine", 0),
+        help="on a pod without a GPU: the cores each vllm engine computes on, a block of its own (0: half the pod's)",
+    )
     parser.add_argument("--log-level", default=default("log_level", "info"))
     parser.add_argument("--api-token", default=default("api_token", ""),
                         help="bearer token every endpoint but health probes and /metrics requires; empty: none")
@@ -287,6 +293,7 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
             vllm_command=VllmEngines.parse_command(args.vllm_command or ""),
             vllm_device_memory=quantity.parse_bytes(args.vllm_device_memory) if args.vllm_device_memory else None,
             vllm_start_timeout_s=float(args.vllm_start_timeout_s),
+            vllm_cpu_cores_per_engine=int(args.vllm_cpu_cores_per_engine),
             log_level=args.log_level,
             api_token=args.api_token.strip(),
             drain_s=float(args.drain_seconds),
@@ -387,7 +394,9 @@ def build_app(settings: Settings, store: ModelStore | None = None,
     set_torch_threads(settings.torch_threads or default_torch_threads(settings.inference_threads))
     budget = memory_budget(device_name, settings.memory_budget, settings.gpu_reserve)
     engines = VllmEngines(settings.vllm_command or None, settings.vllm_device_memory or device_memory(device_name),
-                          settings.vllm_start_timeout_s)
+                          settings.vllm_start_timeout_s,
+                          cpu_cores=CoreSets.of_this_process(settings.vllm_cpu_cores_per_engine)
+                          if device_name == "cpu" else None)
     backends = Backends([TritonBackend(settings.triton_url, settings.triton_repository), engines])
     metrics = WorkerMetrics(settings.pod_name, budget)
     fetcher = build_fetcher(settings, metrics)

@@ -810,7 +810,7 @@ class ModelManager:
         started = time.perf_counter()
         for index, sample in enumerate(spec.warmup):
             try:
-                worker.predict(sample)
+                worker.warm_up(sample)
             except Exception as exc:  # noqa: BLE001 - any failure means the copy is not fit to serve
                 cause = exc.message if isinstance(exc, errors.HotsetError) else f"{type(exc).__name__}: {exc}"
                 raise errors.WarmupFailed(

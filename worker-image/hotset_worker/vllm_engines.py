@@ -18,6 +18,25 @@ like the Triton sidecar, so what the pod already does for backends applies:
 - ``require``: a pod without vLLM refuses ``vllm`` loads with a 503 naming
   the reason, before anything is evicted.
 
+What an engine is started with, beyond the model's own flags:
+
+- **Usage statistics off** (``VLLM_NO_USAGE_STATS``, ``DO_NOT_TRACK``): vLLM
+  reports each engine start to its usage service unless told not to, and a
+  platform must not phone home on its users' behalf.
+- **An API key of its own** (``--api-key``, a fresh secret per engine): the
+  engine listens on loopback, but every container in the pod shares it, and
+  runtime LoRA loading is on; only the worker, which holds the key, may call
+  its ``/v1`` routes.
+- **Cores of its own on CPU** (``VLLM_CPU_OMP_THREADS_BIND``): vLLM's CPU
+  build binds its compute threads to cores starting at core 0 unless told
+  which, so two engines on one pod would share the same cores and halve each
+  other. ``CoreSets`` hands each engine a disjoint block of the pod's cores.
+- **A first token before it counts as loaded**: ``/health`` answers as soon as
+  the server is up, even for a model the engine cannot run (an attention head
+  size its backend lacks kills it on the first request). One single-token
+  completion after ``/health`` finds that at load time, with the engine's
+  own last lines as the reason, so no copy reads READY that cannot answer.
+
 Engine output goes to the worker's log, line by line (with the model's id),
 and its last lines are kept for the error message of a failed start.
 Processes run in their own session and are stopped by process group:
@@ -31,6 +50,7 @@ import contextlib
 import importlib.util
 import logging
 import os
+import secrets
 import shlex
 import signal
 import socket
@@ -57,6 +77,62 @@ LOG_TAIL_LINES = 40
 # Request headers an OpenAI request keeps on its way to an engine.
 FORWARDED_HEADERS = ("content-type", "accept")
 _HOP_BY_HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "content-length"})
+# What every engine's environment says, whatever the worker's own says.
+ENGINE_ENVIRONMENT = {
+    "VLLM_NO_USAGE_STATS": "1",  # vLLM's own switch for its usage reports
+    "DO_NOT_TRACK": "1",  # the convention vLLM (and libraries it loads) also honours
+    "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",  # adapters load into a running base (behind the engine's key)
+    "HF_HUB_OFFLINE": "1",  # weights come from the worker's sources, never from the hub at engine start
+}
+PROBE_TIMEOUT_S = 120.0  # a first token on CPU, or after CUDA graph capture
+
+
+class CoreSets:
+    """Disjoint blocks of the pod's CPU cores, one per engine, for engines that compute on CPU.
+
+    vLLM's CPU build pins its compute threads to the cores ``VLLM_CPU_OMP_THREADS_BIND``
+    names, and to cores from 0 up when it names none: two engines then compete for the
+    same cores while the rest idle. Each engine takes the free block of `per_engine` cores;
+    when every block is taken, the block with the fewest engines is shared (and logged),
+    since refusing a load for want of a whole block would serve less, not faster.
+    """
+
+    def __init__(self, cores: Sequence[int], per_engine: int) -> None:
+        ordered = sorted(cores)
+        size = max(1, min(per_engine, len(ordered))) if ordered else 1
+        self.blocks: list[tuple[int, ...]] = [tuple(ordered[i:i + size]) for i in range(0, len(ordered), size)
+                                             if len(ordered[i:i + size]) == size] or [tuple(ordered)]
+        self._users: dict[tuple[int, ...], set[str]] = {block: set() for block in self.blocks}
+        self._lock = threading.Lock()
+
+    @classmethod
+    def of_this_process(cls, per_engine: int = 0) -> "CoreSets":
+        """The cores this process may run on; `per_engine` 0: half of them (two engines side by side)."""
+        cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+        return cls(cores, per_engine or max(1, len(cores) // 2))
+
+    def take(self, model_id: str) -> tuple[int, ...]:
+        with self._lock:
+            block = min(self.blocks, key=lambda b: len(self._users[b]))
+            if self._users[block]:
+                log.warning("every block of CPU cores has an engine: %s shares cores %s with %s", model_id,
+                            bind_list(block), ", ".join(sorted(self._users[block])))
+            self._users[block].add(model_id)
+            return block
+
+    def give_back(self, model_id: str) -> None:
+        with self._lock:
+            for users in self._users.values():
+                users.discard(model_id)
+
+    def users(self) -> dict[str, tuple[int, ...]]:
+        with self._lock:
+            return {model: block for block, users in self._users.items() for model in users}
+
+
+def bind_list(cores: Sequence[int]) -> str:
+    """Cores as vLLM's ``VLLM_CPU_OMP_THREADS_BIND`` reads them: ``0,1,2,3``."""
+    return ",".join(str(core) for core in cores)
 
 
 @dataclass(eq=False)
@@ -66,6 +142,7 @@ class Engine:
     model_id: str
     process: subprocess.Popen[bytes]
     port: int
+    api_key: str = ""
     tail: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=LOG_TAIL_LINES))
     adapters: set[str] = field(default_factory=set)
 
@@ -76,6 +153,11 @@ class Engine:
     @property
     def pid(self) -> int:
         return self.process.pid
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """What every call to the engine's ``/v1`` routes carries: its key."""
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
     def alive(self) -> bool:
         return self.process.poll() is None
@@ -91,13 +173,16 @@ class VllmEngines:
     frameworks = frozenset({Framework.VLLM})
 
     def __init__(self, command: Sequence[str] | None = None, device_bytes: int = 0,
-                 start_timeout_s: float = DEFAULT_START_TIMEOUT_S, environment: dict[str, str] | None = None) -> None:
+                 start_timeout_s: float = DEFAULT_START_TIMEOUT_S, environment: dict[str, str] | None = None,
+                 cpu_cores: CoreSets | None = None) -> None:
         """`command`: what starts an engine (vLLM's OpenAI server; tests pass a stand-in); None: vLLM's
-        own, when it is installed. `device_bytes`: the memory ``gpu_memory_utilization`` is a share of."""
+        own, when it is installed. `device_bytes`: the memory ``gpu_memory_utilization`` is a share of.
+        `cpu_cores`: the blocks of cores engines compute on, on a pod without a GPU (None on a GPU)."""
         self.command = tuple(command) if command else (DEFAULT_COMMAND if _vllm_installed() else ())
         self.device_bytes = device_bytes
         self.start_timeout_s = start_timeout_s
         self.environment = environment or {}
+        self.cpu_cores = cpu_cores
         self._engines: dict[str, Engine] = {}
         self._lock = threading.Lock()
         self._session: aiohttp.ClientSession | None = None
@@ -154,21 +239,31 @@ class VllmEngines:
         if not self.configured:
             raise errors.BackendUnavailable(f"model {spec.id!r} needs vLLM, which this worker does not have")
         port = _free_port()
+        api_key = secrets.token_urlsafe(24)
         # A canary version's engine answers to the model's own name too (the body the client sent
         # names it), and names it first, so that its answers say the model that was asked for.
         names = [spec.variant_of, spec.id] if spec.variant_of else [spec.id]
         argv = [*self.command, "--model", str(folder), "--served-model-name", *names,
                 "--host", "127.0.0.1", "--port", str(port), *engine_flags]
-        log.info("starting the vLLM engine of %s: %s", spec.id, shlex.join(argv))
-        env = {**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", "HF_HUB_OFFLINE": "1", **self.environment}
-        process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   env=env, start_new_session=True)
-        engine = Engine(spec.id, process, port)
+        log.info("starting the vLLM engine of %s: %s", spec.id, shlex.join(argv))  # before the key joins it
+        argv += ["--api-key", api_key]
+        env = {**os.environ, **self.environment, **ENGINE_ENVIRONMENT}
+        if self.cpu_cores is not None:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = bind_list(self.cpu_cores.take(spec.id))
+        try:
+            process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                       stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        except BaseException:
+            self._give_back_cores(spec.id)
+            raise
+        engine = Engine(spec.id, process, port, api_key)
         threading.Thread(target=_copy_output, args=(engine,), name=f"vllm-log-{spec.id}", daemon=True).start()
         try:
             _wait_healthy(engine, self.start_timeout_s)
+            _probe(engine, names[0])
         except BaseException:
             stop(engine)
+            self._give_back_cores(spec.id)
             raise
         with self._lock:
             self._engines[spec.id] = engine
@@ -181,6 +276,11 @@ class VllmEngines:
             engine = self._engines.pop(model_id, None)
         if engine is not None:
             stop(engine)
+        self._give_back_cores(model_id)
+
+    def _give_back_cores(self, model_id: str) -> None:
+        if self.cpu_cores is not None:
+            self.cpu_cores.give_back(model_id)
 
     # ----- HTTP to engines ---------------------------------------------------
 
@@ -227,6 +327,30 @@ def _wait_healthy(engine: Engine, timeout_s: float) -> None:
     raise errors.ModelLoadFailed(
         f"the vLLM engine of {engine.model_id!r} did not answer /health within {timeout_s:.0f}s; its last lines:\n"
         f"{engine.log_tail()}")
+
+
+def _probe(engine: Engine, served_name: str) -> None:
+    """One single-token completion: an engine that answers /health but cannot run its model fails here.
+
+    The engine's 4xx (a prompt it finds wrong) still proves it computes; a 5xx, no answer, or an
+    engine that exits while answering is a load failure quoting the engine's last lines.
+    """
+    import httpx
+
+    body = {"model": served_name, "prompt": "Hello", "max_tokens": 1, "temperature": 0}
+    try:
+        answer = httpx.post(engine.url + "/v1/completions", json=body, headers=engine.headers, timeout=PROBE_TIMEOUT_S)
+        failure = f"answered {answer.status_code}: {answer.text[:300]}" if answer.status_code >= 500 else ""
+    except httpx.HTTPError as exc:
+        failure = f"did not answer ({type(exc).__name__})"
+    if not failure and engine.alive():
+        return
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        engine.process.wait(2.0)  # an engine dying from the request: let its last words reach the tail
+    state = f"exited with {engine.process.returncode}" if not engine.alive() else failure
+    raise errors.ModelLoadFailed(
+        f"the vLLM engine of {engine.model_id!r} started but cannot run its model: its first token {state}; "
+        f"its last lines:\n{engine.log_tail()}")
 
 
 def _copy_output(engine: Engine) -> None:

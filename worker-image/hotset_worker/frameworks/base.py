@@ -103,6 +103,11 @@ class FrameworkWorker(abc.ABC):
     def load(self) -> None:
         """Read the model from its source into memory; raise ModelLoadFailed naming the cause."""
 
+    def warm_up(self, sample: Any) -> None:
+        """Run one of the spec's warm-up inputs through the new copy (on the load thread).
+        Most frameworks answer it as a request; an engine-backed one sends it to its engine."""
+        self.predict(sample)
+
     @abc.abstractmethod
     def predict(self, input_data: Any) -> Any:
         """Seed-compatible inference: JSON in, JSON-serialisable predictions out; BadInput on bad data."""

@@ -36,9 +36,10 @@ from hotset_worker.frameworks.base import FrameworkWorker, StreamedResponse, Ten
 from hotset_worker.vllm_engines import NAME, Engine, VllmEngines, answer_headers, forwarded_headers
 
 # Engine settings a ServedModel may pass (as vLLM's own flags); the worker sets model, host, port itself.
+# (No swap_space: vLLM 0.32 removed --swap-space, and an engine given it exits at once.)
 ENGINE_ARGS = frozenset({
     "gpu_memory_utilization", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "dtype",
-    "quantization", "kv_cache_dtype", "block_size", "swap_space", "enforce_eager", "enable_prefix_caching",
+    "quantization", "kv_cache_dtype", "block_size", "enforce_eager", "enable_prefix_caching",
     "enable_chunked_prefill", "enable_lora", "max_loras", "max_lora_rank", "max_cpu_loras", "seed",
     "tensor_parallel_size", "generation_config", "tokenizer_mode",
 })
@@ -127,7 +128,7 @@ class VllmWorker(FrameworkWorker):
             raise errors.BackendUnavailable(
                 f"LoRA adapter {self.spec.id!r} runs on {self.spec.base_model!r}, which is not loaded on this worker")
         assert self._folder is not None
-        answer = httpx.post(base.url + "/v1/load_lora_adapter", timeout=120.0,
+        answer = httpx.post(base.url + "/v1/load_lora_adapter", timeout=120.0, headers=base.headers,
                             json={"lora_name": self.spec.id, "lora_path": str(self._folder)})
         if answer.status_code != 200 and "already" not in answer.text:
             raise errors.ModelLoadFailed(f"the engine of {self.spec.base_model!r} refused LoRA adapter "
@@ -148,7 +149,8 @@ class VllmWorker(FrameworkWorker):
             import httpx
 
             try:
-                httpx.post(engine_.url + "/v1/unload_lora_adapter", json={"lora_name": self.spec.id}, timeout=30.0)
+                httpx.post(engine_.url + "/v1/unload_lora_adapter", json={"lora_name": self.spec.id},
+                           headers=engine_.headers, timeout=30.0)
             except httpx.HTTPError:
                 pass  # the engine is going away anyway
 
@@ -163,7 +165,8 @@ class VllmWorker(FrameworkWorker):
     async def open_openai(self, path: str, body: bytes, headers: Mapping[str, str]) -> StreamedResponse | None:
         engine_ = await self._current_engine()
         try:
-            response = await self.engines.session().post(engine_.url + path, data=body, headers=forwarded_headers(headers))
+            response = await self.engines.session().post(engine_.url + path, data=body,
+                                                         headers=forwarded_headers(headers) | engine_.headers)
         except (aiohttp.ClientConnectionError, OSError) as exc:
             raise errors.BackendUnavailable(f"the vLLM engine of {self.spec.id!r} does not answer: {exc}") from exc
 
@@ -197,6 +200,28 @@ class VllmWorker(FrameworkWorker):
             if current is not self._engine:
                 await asyncio.to_thread(self._load_adapter)
             return current
+
+    def warm_up(self, sample: Any) -> None:
+        """A warm-up input through the engine's own API (on the load thread, before READY).
+
+        A string is a completion's prompt; an object is a request body without its model
+        (``{"messages": [...]}`` a chat, ``{"prompt": ...}`` a completion), which the engine
+        validates itself. Anything but a 200 fails the load with the engine's answer.
+        """
+        import httpx
+
+        engine_ = self._engine
+        if engine_ is None or not engine_.alive():
+            raise errors.BackendUnavailable(f"the vLLM engine of {self.spec.id!r} is not running")
+        body: dict[str, Any] = {"prompt": sample} if isinstance(sample, str) else dict(sample) if isinstance(sample, Mapping) else {}
+        if not body:
+            raise errors.BadInput(f"a vllm warm-up input is a prompt or a request body, not {type(sample).__name__}")
+        body.setdefault("max_tokens", 8)
+        body["model"], body["stream"] = self.spec.id, False
+        path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+        answer = httpx.post(engine_.url + path, json=body, headers=engine_.headers, timeout=120.0)
+        if answer.status_code != 200:
+            raise errors.ModelLoadFailed(f"the engine answered {path} with {answer.status_code}: {answer.text[:300]}")
 
     def predict(self, input_data: Any) -> Any:
         raise errors.BadInput(f"model {self.spec.id!r} is served by vLLM: use /v1/completions or /v1/chat/completions")

@@ -6,8 +6,13 @@ OpenAI routes (``/v1/completions``, ``/v1/chat/completions``,
 counts against the same bounds as the others (the OpenAI routes once had
 none: a client could hold any number of 64 MiB bodies). The bounds:
 
-- at most ``max_requests`` inference requests at once, streams included
-  (a stream counts until it ends);
+- at most ``max_requests`` inference requests served at once, streams
+  included (a stream counts until it ends). A request takes its slot when
+  its body has arrived, not before: a client trickling its body holds no
+  slot, only a connection and its body's deadline (slow_clients.py), so a
+  thousand of them cannot take the slots of clients that send at once.
+  A request that arrives while every slot is taken is refused before its
+  body is read;
 - at most ``max_body_bytes_in_flight`` bytes of request bodies held in
   memory. A request past either bound is refused at once (503 with
   Retry-After) before its body is read, or as soon as a body without a
@@ -48,6 +53,7 @@ class Ticket:
 
     reserved_bytes: int
     cold_model: str | None = None
+    serving: bool = False  # holds a slot: its body has arrived
 
 
 class FloodGuard:
@@ -62,15 +68,18 @@ class FloodGuard:
         self.cold_waiters: dict[str, int] = {}  # model -> requests waiting while it has no ready copy
 
     def admit(self, headers: Mapping[str, str]) -> Ticket:
-        """Count the request in, or refuse it (503, Retry-After) before its body is read. It reserves
-        its Content-Length, or nothing yet when it declares none (read_body reserves what arrives)."""
+        """Let the request send its body, or refuse it (503, Retry-After) before its body is read: every
+        slot is taken, or its body would pass the budget. It reserves its Content-Length, or nothing yet
+        when it declares none (read_body reserves what arrives); its slot is taken when its body is in."""
         declared = headers.get("content-length", "")
         reserve = min(int(declared), self.limits.max_body_bytes) if declared.isdigit() else 0
+        self._check_slots()
+        self._reserve(reserve, 0)
+        return Ticket(reserve)
+
+    def _check_slots(self) -> None:
         if self.requests >= self.limits.max_requests:
             raise errors.NoCapacity(f"the router is serving {self.requests} requests, its limit; retry shortly", 1)
-        self._reserve(reserve, 0)
-        self.requests += 1
-        return Ticket(reserve)
 
     async def read_body(self, ticket: Ticket, receive: Receive, headers: Mapping[str, str]) -> bytes:
         """The whole body, refused (413) past max_body_bytes, or (503) once it grows past its
@@ -94,6 +103,9 @@ class FloodGuard:
                 ticket.reserved_bytes = size
             chunks.append(chunk)
             if not message.get("more_body", False):
+                self._check_slots()  # bodies that arrived meanwhile may have taken the last slots
+                self.requests += 1
+                ticket.serving = True
                 return b"".join(chunks)
 
     def wait_cold(self, ticket: Ticket, model: str) -> None:
@@ -122,7 +134,9 @@ class FloodGuard:
     def release(self, ticket: Ticket) -> None:
         """The request is over: its slot and its body's bytes go back."""
         self.done_waiting(ticket)
-        self.requests -= 1
+        if ticket.serving:
+            self.requests -= 1
+            ticket.serving = False
         self.body_bytes -= ticket.reserved_bytes
         ticket.reserved_bytes = 0
 

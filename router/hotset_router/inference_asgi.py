@@ -17,6 +17,7 @@ client's raw (still percent-encoded) path.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import time
@@ -122,6 +123,9 @@ class InferenceRoutes:
             code = exc.status_code
             payload = json.dumps(http.error_body(exc.message)).encode()
             await respond(send, code, payload, {"content-type": "application/json", **exc.headers})
+        except asyncio.CancelledError:  # its client left (slow_clients.py): the slot goes back now
+            code = errors.ClientClosedRequest.status_code
+            raise
         finally:
             if ticket is not None:
                 self.guard.release(ticket)

@@ -15,7 +15,7 @@ from typing import Sequence
 
 import uvicorn
 
-from hotset_common import labels, quantity
+from hotset_common import labels, quantity, slow_clients
 from hotset_router.api import DEFAULT_MAX_BODY_BYTES, create_app
 from hotset_router.flood import Limits
 from hotset_router.discovery import Discovery, KubeDiscovery, StaticDiscovery, read_model_store
@@ -77,6 +77,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    default=float(env("HOTSET_ROUTER_MODEL_SERIES_IDLE_SECONDS", "300")),
                    help="a model's metric series go after this long without a request")
     p.add_argument("--log-level", default=env("HOTSET_LOG_LEVEL", "info"))
+    slow_clients.add_arguments(p)
     return p.parse_args(argv)
 
 
@@ -130,8 +131,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                     max_cold_waiters=args.max_cold_waiters)
     app = create_app(service, args.admin_token, quantity.parse_bytes(args.max_body_bytes), limits)
     # timeout_graceful_shutdown: on SIGTERM, requests in flight get this long to finish.
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level.lower(), access_log=False,
-                timeout_graceful_shutdown=30)
+    uvicorn.run(host=args.host, port=args.port, log_level=args.log_level.lower(), access_log=False,
+                timeout_graceful_shutdown=30, **slow_clients.serve_options(app, slow_clients.from_arguments(args)))
 
 
 if __name__ == "__main__":

@@ -104,6 +104,9 @@ class OpenAIRoutes:
                 await self._pass_on(answer, gone, send)
             finally:
                 answer.close()
+        except asyncio.CancelledError:  # its client left (slow_clients.py)
+            code = errors.ClientClosedRequest.status_code
+            raise
         finally:
             if gone is not None:
                 gone.cancel()
@@ -117,7 +120,14 @@ class OpenAIRoutes:
         when it is done): then the call is cancelled, which closes the worker's connection, and the
         worker stops generating."""
         task = asyncio.ensure_future(opening)
-        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+        try:
+            await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:  # the request itself was cancelled (its client left: slow_clients.py)
+            task.cancel()
+            results = await asyncio.gather(task, return_exceptions=True)
+            if isinstance(results[0], UpstreamStream):
+                results[0].close()
+            raise
         if task.done():
             return task.result()
         task.cancel()

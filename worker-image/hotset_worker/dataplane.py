@@ -206,6 +206,9 @@ class DataPlane:
         except errors.HotsetError as exc:
             code = exc.status_code
             raise
+        except asyncio.CancelledError:  # its client left (slow_clients.py)
+            code = errors.ClientClosedRequest.status_code
+            raise
         finally:
             self.metrics.request_finished(spec, code, time.perf_counter() - started)
 

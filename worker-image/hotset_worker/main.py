@@ -19,8 +19,9 @@ from typing import Callable, Iterator, Mapping, Sequence
 import uvicorn
 from fastapi import FastAPI
 
-from hotset_common import quantity
+from hotset_common import quantity, slow_clients
 from hotset_common.budget import BudgetMode
+from hotset_common.slow_clients import ClientLimits
 from hotset_common.eviction import DEFAULT_CHURN_GUARD_S, EvictionPolicy
 from hotset_worker import api, engine, memory
 from hotset_worker.limits import DEFAULT_MAX_QUEUE as DEFAULT_MAX_MODEL_QUEUE
@@ -80,6 +81,7 @@ class Settings:
     source_cache: Path | None = None
     source_cache_bytes: int = DEFAULT_SOURCE_CACHE_BYTES
     source_settings: SourceSettings = field(default_factory=SourceSettings)
+    client_limits: ClientLimits = field(default_factory=ClientLimits)  # slow, idle and vanished clients
     source_credentials: Path | None = None
     load_timeout_s: float = DEFAULT_LOAD_TIMEOUT_S
 
@@ -212,6 +214,7 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         help="on a pod without a GPU: the cores each vllm engine computes on, a block of its own (0: half the pod's)",
     )
     parser.add_argument("--log-level", default=default("log_level", "info"))
+    slow_clients.add_arguments(parser, env)
     parser.add_argument("--api-token", default=default("api_token", ""),
                         help="bearer token every endpoint but health probes and /metrics requires; empty: none")
     parser.add_argument("--drain-seconds", type=float, default=default("drain_s", 5.0),
@@ -295,6 +298,7 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
             vllm_start_timeout_s=float(args.vllm_start_timeout_s),
             vllm_cpu_cores_per_engine=int(args.vllm_cpu_cores_per_engine),
             log_level=args.log_level,
+            client_limits=slow_clients.from_arguments(args),
             api_token=args.api_token.strip(),
             drain_s=float(args.drain_seconds),
             max_model_queue=int(args.max_model_queue),
@@ -519,8 +523,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     except ValueError as exc:
         sys.exit(f"hotset-worker: {exc}")
     log.info("worker %s on %s:%d", settings.pod_name, settings.host, settings.port)
-    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
-                            timeout_graceful_shutdown=10)
+    config = uvicorn.Config(host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
+                            timeout_graceful_shutdown=10, **slow_clients.serve_options(app, settings.client_limits))
     server = DrainingServer(config, settings.drain_s)
     with running_marker(settings):
         server.run()

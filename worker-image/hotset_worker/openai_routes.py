@@ -187,6 +187,11 @@ class OpenAIRoutes:
             else:
                 self.metrics.request_finished(None, openai_wire.body_of_error(exc)[0], time.perf_counter() - arrived)
             return error_response(exc)
+        except asyncio.CancelledError:  # its client left (slow_clients.py): recorded as 499
+            if state is not None:
+                state.code = errors.ClientClosedRequest.status_code
+                await state.finish()
+            raise
         except Exception as exc:
             log.exception("OpenAI request on %s failed", route)
             if state is not None:
@@ -292,6 +297,10 @@ async def unless_the_client_leaves(request: Request, work: Awaitable[T]) -> T:
     gone = asyncio.ensure_future(_disconnected(request))
     try:
         await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:  # the request itself was cancelled (its client left: slow_clients.py)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)  # it lets go of its model before the request ends
+        raise
     finally:
         gone.cancel()
     if task.done():

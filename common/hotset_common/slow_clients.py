@@ -1,0 +1,304 @@
+"""Slow, idle and vanished clients, bounded the same way on the router and the worker.
+
+uvicorn reads a request's head and body for as long as the client cares to
+send them, keeps a connection that never sends a byte, accepts connections
+without limit, and lets a handler run on after its client has gone. Each of
+those lets a few cheap clients hold what paying ones need (slowloris): 1,024
+connections trickling their bodies held every router request slot, and a
+client that hung up kept its slot until the worker answered. So, as Apache's
+``mod_reqtimeout`` and nginx's ``client_*_timeout`` do:
+
+- **The head** (request line and headers) must arrive within
+  ``head_timeout_s`` of the connection opening or of the previous answer's
+  end, and within ``max_head_bytes``: else ``408`` or ``431`` and the
+  connection closes. (uvicorn's own keep-alive timeout only starts after an
+  answer; a connection that never sends stays open without this.)
+- **The body** must arrive within ``body_timeout_s``, extended by one second
+  per ``body_min_rate`` bytes received, so a large body on a decent link is
+  never cut while a trickle is: else ``408`` and the connection closes. The
+  handler is cancelled, so what it held (a request slot, reserved body
+  bytes) goes back at once.
+- **Connections** past ``max_connections`` are answered ``503`` with
+  ``Retry-After`` and closed, before anything is parsed.
+- **A client that disconnects** before its answer is complete cancels its
+  handler: the router's slot and the worker's queue place go back, and the
+  router's call to the worker is closed, which the worker sees in turn.
+
+``GuardedHttp`` is uvicorn's httptools protocol with the head and connection
+bounds; ``ClientGuard`` is the ASGI wrapper for the body and disconnects;
+``serve_options`` gives both to ``uvicorn.Config``.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import logging
+import os
+from typing import Any, Awaitable, Callable, Mapping
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from hotset_common.http import error_body
+
+log = logging.getLogger(__name__)
+
+Scope = dict[str, Any]
+Message = dict[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+App = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+@dataclasses.dataclass(frozen=True)
+class ClientLimits:
+    """How long and how much a client may take before it is cut off."""
+
+    head_timeout_s: float = 10.0
+    max_head_bytes: int = 64 * 1024
+    body_timeout_s: float = 30.0
+    body_min_rate: int = 64 * 1024  # bytes per second that extend the body's deadline by one second
+    max_connections: int = 4096
+
+    def body_deadline(self, started: float, received: int) -> float:
+        return started + self.body_timeout_s + received / max(1, self.body_min_rate)
+
+
+# name on the command line, environment variable, field, type
+_OPTIONS = (
+    ("--client-head-timeout-s", "HOTSET_CLIENT_HEAD_TIMEOUT_S", "head_timeout_s", float,
+     "seconds a client has to send a request's head (line and headers), from connecting or the last answer"),
+    ("--max-head-bytes", "HOTSET_MAX_HEAD_BYTES", "max_head_bytes", int,
+     "largest request head accepted; larger: 431 and the connection closes"),
+    ("--client-body-timeout-s", "HOTSET_CLIENT_BODY_TIMEOUT_S", "body_timeout_s", float,
+     "seconds a client has to send a request's body, plus one per --client-body-min-rate bytes received"),
+    ("--client-body-min-rate", "HOTSET_CLIENT_BODY_MIN_RATE", "body_min_rate", int,
+     "bytes per second of body that extend its deadline by a second (a big body on a good link is never cut)"),
+    ("--max-connections", "HOTSET_MAX_CONNECTIONS", "max_connections", int,
+     "open connections accepted; past it: 503 with Retry-After, before anything is read"),
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str] | None = None) -> None:
+    """The client bounds as command-line options (each defaulting to its environment variable)."""
+    env = os.environ if env is None else env
+    defaults = ClientLimits()
+    group = parser.add_argument_group("slow and idle clients")
+    for flag, variable, field, kind, text in _OPTIONS:
+        group.add_argument(flag, dest=f"client_limit_{field}", type=kind,
+                           default=kind(env.get(variable, getattr(defaults, field))), help=f"{text} (${variable})")
+
+
+def from_arguments(args: argparse.Namespace) -> ClientLimits:
+    limits = ClientLimits(**{field: getattr(args, f"client_limit_{field}") for _, _, field, _, _ in _OPTIONS})
+    if min(limits.head_timeout_s, limits.body_timeout_s) <= 0 or min(limits.max_head_bytes, limits.max_connections) < 1:
+        raise ValueError(f"client limits must be positive: {limits}")
+    return limits
+
+
+def _raw_answer(status: int, reason: str, message: str, extra: Mapping[str, str] | None = None) -> bytes:
+    body = json.dumps(error_body(message)).encode()
+    headers = {"content-type": "application/json", "content-length": str(len(body)), "connection": "close",
+               **(extra or {})}
+    head = f"HTTP/1.1 {status} {reason}\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n"
+    return head.encode("latin-1") + body
+
+
+class GuardedHttp(HttpToolsProtocol):
+    """uvicorn's httptools protocol, with a deadline and a size cap on each request's head and a cap
+    on open connections. Subclassed per server by `serve_options` (the limits are class state)."""
+
+    limits = ClientLimits()
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._head_bytes = 0  # raw bytes of a head still arriving
+        self._head_seen = 0  # bytes of the head's parts the parser has passed on
+        self._head_pending = False
+        self._refused = False
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        if len(self.connections) > self.limits.max_connections:
+            self._refuse(503, "Service Unavailable",
+                         f"this server holds {self.limits.max_connections} connections, its limit; retry shortly",
+                         {"retry-after": "1"})
+            return
+        self._await_head()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._stop_head_timer()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return  # answered and closing: the rest of what it sent is not read
+        counted = self._head_pending  # bytes before the head's end are the head's
+        super().data_received(data)
+        if counted and self._head_pending and not self._refused:
+            self._head_bytes += len(data)  # a head still unfinished after this chunk, however it is split
+            if self._head_bytes > self.limits.max_head_bytes:
+                self._refuse_oversized()
+
+    def on_url(self, url: bytes) -> None:
+        self._head_seen += len(url)
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._head_seen += len(name) + len(value) + 4
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self._stop_head_timer()
+        if self._head_seen > self.limits.max_head_bytes:  # a whole head that came in one chunk
+            self._refuse_oversized()
+            return
+        super().on_headers_complete()
+
+    def on_body(self, body: bytes) -> None:
+        if not self._refused:
+            super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        if not self._refused:
+            super().on_message_complete()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing() and not self.pipeline:
+            self._await_head()  # the next request's head has the same deadline (uvicorn's keep-alive closes idle ones sooner)
+
+    # -----
+
+    def _refuse_oversized(self) -> None:
+        self._refuse(431, "Request Header Fields Too Large",
+                     f"the request's head passed {self.limits.max_head_bytes} bytes, the limit")
+
+    def _await_head(self) -> None:
+        self._stop_head_timer()
+        self._head_pending, self._head_bytes, self._head_seen = True, 0, 0
+        self._head_timer = self.loop.call_later(self.limits.head_timeout_s, self._head_too_slow)
+
+    def _stop_head_timer(self) -> None:
+        self._head_pending = False
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_too_slow(self) -> None:
+        self._head_timer = None
+        if self._head_pending and not self.transport.is_closing():
+            self._refuse(408, "Request Timeout",
+                         f"the request's head did not arrive within {self.limits.head_timeout_s:g}s")
+
+    def _refuse(self, status: int, reason: str, message: str, extra: Mapping[str, str] | None = None) -> None:
+        self._stop_head_timer()
+        self._refused = True
+        log.info("client %s: %d %s", self.client, status, message)
+        if not self.transport.is_closing():
+            self.transport.write(_raw_answer(status, reason, message, extra))
+            self.transport.close()
+
+
+class ClientGuard:
+    """ASGI wrapper: a deadline on each request's body, and a handler cancelled when its client leaves."""
+
+    def __init__(self, app: App, limits: ClientLimits) -> None:
+        self.app = app
+        self.limits = limits
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        await _GuardedRequest(self.app, self.limits, scope, receive, send).run()
+
+
+class _GuardedRequest:
+    """One request under `ClientGuard`: its handler runs as a task this object may cancel."""
+
+    def __init__(self, app: App, limits: ClientLimits, scope: Scope, receive: Receive, send: Send) -> None:
+        self.app, self.limits, self.scope = app, limits, scope
+        self._receive, self._send = receive, send
+        self.loop = asyncio.get_running_loop()
+        self.started = self.loop.time()
+        self.received = 0
+        self.body_done = False
+        self.answer_started = False
+        self.answer_done = False
+        self.cut_off: str | None = None  # why the handler was cancelled, when it was
+        self.gone = asyncio.Event()
+        self.handler: asyncio.Task[None] | None = None
+        self.watcher: asyncio.Task[None] | None = None
+
+    async def run(self) -> None:
+        self.handler = self.loop.create_task(self.app(self.scope, self.receive, self.send))
+        try:
+            await asyncio.shield(self.handler)
+        except asyncio.CancelledError:
+            if self.cut_off is None:  # the server itself is cancelling (shutdown): pass it on
+                self.handler.cancel()
+                raise
+        finally:
+            if self.watcher is not None:
+                self.watcher.cancel()
+        if self.cut_off == "slow" and not self.answer_started:
+            message = (f"the request's body did not arrive in time ({self.received} bytes in "
+                       f"{self.loop.time() - self.started:.0f}s; allowed {self.limits.body_timeout_s:g}s plus a "
+                       f"second per {self.limits.body_min_rate} bytes)")
+            body = json.dumps(error_body(message)).encode()
+            await self._send({"type": "http.response.start", "status": 408,
+                              "headers": [(b"content-type", b"application/json"), (b"connection", b"close"),
+                                          (b"content-length", str(len(body)).encode())]})
+            await self._send({"type": "http.response.body", "body": body})
+
+    def _cancel(self, why: str) -> None:
+        if self.cut_off is None and self.handler is not None and not self.handler.done() and not self.answer_done:
+            self.cut_off = why
+            self.handler.cancel()
+
+    async def receive(self) -> Message:
+        if self.body_done:  # what a handler asks after its body: only whether the client left
+            await self.gone.wait()
+            return {"type": "http.disconnect"}
+        remaining = self.limits.body_deadline(self.started, self.received) - self.loop.time()
+        try:
+            message = await asyncio.wait_for(self._receive(), max(0.0, remaining))
+        except asyncio.TimeoutError:
+            self._cancel("slow")
+            if self.cut_off == "slow":
+                await asyncio.Event().wait()  # the handler's cancellation arrives here
+            return {"type": "http.disconnect"}
+        if message["type"] == "http.disconnect":
+            self.gone.set()
+            self._cancel("gone")
+        elif not message.get("more_body", False):
+            self.body_done = True
+            self.watcher = self.loop.create_task(self._watch())
+        self.received += len(message.get("body", b""))
+        return message
+
+    async def _watch(self) -> None:
+        """After the body: the server's next message is the client leaving (or the answer ending)."""
+        while not self.answer_done:
+            message = await self._receive()
+            if message["type"] == "http.disconnect":
+                self.gone.set()
+                if not self.answer_done:
+                    self._cancel("gone")
+                return
+
+    async def send(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.answer_started = True
+        elif message["type"] == "http.response.body" and not message.get("more_body", False):
+            self.answer_done = True
+        await self._send(message)
+
+
+def serve_options(app: App, limits: ClientLimits) -> dict[str, Any]:
+    """What ``uvicorn.Config``/``uvicorn.run`` take to serve `app` under `limits`."""
+    protocol = type("GuardedHttpServer", (GuardedHttp,), {"limits": limits})
+    return {"app": ClientGuard(app, limits), "http": protocol}

@@ -69,6 +69,9 @@ class OperatorConfig(BaseModel):
     gpu_resource: str = Field("nvidia.com/gpu", description="devicePlugin: the extended resource name")
     gpu_claim_template: str = Field("hotset-worker-gpu", description="dra: the ResourceClaimTemplate every "
                                                                          "worker pod claims its GPUs from")
+    gpu_shared_memory: int = Field(2 * 2**30, ge=0, description="GPU pods: bytes of the memory-backed /dev/shm "
+                                   "the worker container gets (NCCL and vLLM's tensor-parallel workers exchange "
+                                   "through it; a container's default is 64 MiB); 0: none")
     pod_memory_budget: int = Field(16 * 2**30, gt=0, description="bytes of model memory per worker pod")
     pod_budget_mode: BudgetMode = Field(BudgetMode.AUTO, description="how worker pods keep the budget: hard "
                                         "(never passed), load-first, or auto (hard on a GPU)")
@@ -137,17 +140,21 @@ class OperatorConfig(BaseModel):
     drain_seconds: int = Field(5, ge=0)
     startup_probe_failure_threshold: int = Field(120, ge=1, description="x 5 s: slow first loads")
 
-    @field_validator("pod_memory_budget", "source_cache_bytes", mode="before")
+    @field_validator("pod_memory_budget", "source_cache_bytes", "gpu_shared_memory", mode="before")
     @classmethod
     def _parse_budget(cls, value: Any) -> int:
         return quantity.parse_bytes(value)
+
+    @property
+    def gpu_pods(self) -> bool:
+        """Whether worker pods get GPUs."""
+        return self.gpu_mode is not GpuMode.NONE and self.gpus_per_pod > 0
 
     @model_validator(mode="after")
     def _budget_fits_the_container(self) -> "OperatorConfig":
         """On CPU pods the models live in the worker container's memory: a budget that is not
         below its memory limit would have the kernel OOM-kill the worker before eviction starts."""
-        cpu_pods = self.gpu_mode is GpuMode.NONE or self.gpus_per_pod == 0
-        if cpu_pods and self.pod_memory_budget >= quantity.parse_bytes(self.worker_memory):
+        if not self.gpu_pods and self.pod_memory_budget >= quantity.parse_bytes(self.worker_memory):
             raise ValueError(
                 f"workers.memoryBudget ({quantity.format_bytes(self.pod_memory_budget)}) must be below "
                 f"workers.resources.worker.memory ({self.worker_memory}), the worker container's memory "

@@ -54,6 +54,7 @@ MANAGER = "hotset-operator"
 SPEC_HASH = "hotset.io/spec-hash"
 GPU_CLAIM = "gpu"  # dra: the pod's one ResourceClaim, named by both containers
 TOKEN_KEY = "token"  # the key of the workers' API token in its Secret
+SHARED_MEMORY = "dshm"  # GPU pods: the worker container's /dev/shm
 # Remote sources (docs/frameworks.md, "Model sources"): the pod's source cache (both containers:
 # Triton reads cached Triton models in place), oci:// image volumes, the credentials Secret.
 SOURCE_CACHE = "/var/cache/hotset/sources"
@@ -269,6 +270,8 @@ def build_worker_container(config: OperatorConfig, pinned: Sequence[str], namesp
     mounts += [{"name": f"claim-{claim}", "mountPath": f"{SOURCE_ROOT}/{claim}", "readOnly": True}
                for claim in config.model_claims]
     mounts += _image_mounts(images)
+    if shared_memory_volume(config):
+        mounts.append({"name": SHARED_MEMORY, "mountPath": "/dev/shm"})
     return {
         "name": WORKER_CONTAINER,
         "image": config.worker_image,
@@ -321,6 +324,15 @@ def build_triton_container(config: OperatorConfig, images: Sequence[locations.Oc
     }
 
 
+def shared_memory_volume(config: OperatorConfig) -> list[dict[str, Any]]:
+    """GPU pods: a memory-backed /dev/shm for the worker container. A container's own is 64 MiB;
+    NCCL and vLLM's tensor-parallel workers pass tensors through it and fail or crawl in less.
+    Its pages count against the container's memory limit as they are used."""
+    if not config.gpu_pods or config.gpu_shared_memory == 0:
+        return []
+    return [{"name": SHARED_MEMORY, "emptyDir": {"medium": "Memory", "sizeLimit": str(config.gpu_shared_memory)}}]
+
+
 def build_worker_pod_template(config: OperatorConfig, dedicated_to: str | None, pinned: Sequence[str],
                               annotations: dict[str, str] | None = None, namespace: str | None = None,
                               images: Sequence[locations.OciImage] = (), scheduling: Scheduling | None = None,
@@ -341,6 +353,7 @@ def build_worker_pod_template(config: OperatorConfig, dedicated_to: str | None, 
     volumes += [{"name": f"claim-{claim}", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
                 for claim in config.model_claims]
     volumes += source_volumes(config, images)
+    volumes += shared_memory_volume(config)
     template = {
         "metadata": {"labels": worker_labels(dedicated_to), **({"annotations": annotations} if annotations else {})},
         "spec": {

@@ -139,7 +139,7 @@ def test_chart_settings_are_ones_the_operator_reads(kube_cluster: KubeCluster) -
     result = _helm(kube_cluster, "template", "hotset", str(CHART), "--set", "workers.gpu.mode=devicePlugin",
                    "--set", "workers.gpu.count=2", "--set", "workers.gpu.tritonCount=1",
                    "--set", "workers.memoryBudget=40Gi", "--set", "workers.modelClaims={models,extra}",
-                   "--set", "workers.budgetMode=hard")
+                   "--set", "workers.budgetMode=hard", "--set", "workers.gpu.sharedMemory=4Gi")
     assert result.returncode == 0, result.stderr
     operator = next(d for d in yaml.safe_load_all(result.stdout)
                     if d and d["kind"] == "Deployment" and d["metadata"]["name"] == "hotset-operator")
@@ -152,6 +152,7 @@ def test_chart_settings_are_ones_the_operator_reads(kube_cluster: KubeCluster) -
     assert not [d for d in yaml.safe_load_all(result.stdout) if d and d["kind"] == "ResourceClaimTemplate"]
     assert config.worker_service_account == "hotset-worker"
     assert config.pod_budget_mode is BudgetMode.HARD
+    assert config.gpu_shared_memory == 4 * 2**30
 
 
 def _router_env(kube: KubeCluster, *sets: str) -> list[dict]:

@@ -80,6 +80,20 @@ def test_with_the_device_plugin_each_container_requests_its_own() -> None:
     assert "nvidia.com/gpu" not in cpu_triton["resources"]["limits"]  # tritonCount 0: Triton on the CPU
 
 
+def test_gpu_pods_get_a_memory_backed_dev_shm_and_cpu_pods_keep_their_own() -> None:
+    def shm(template: dict) -> tuple[list, list]:
+        volumes = [v for v in template["spec"]["volumes"] if v.get("emptyDir", {}).get("medium") == "Memory"]
+        mounts = [m for m in _containers(template)["hotset-worker"]["volumeMounts"] if m["mountPath"] == "/dev/shm"]
+        return volumes, mounts
+
+    volumes, mounts = shm(workloads.build_worker_pod_template(_config(gpu_mode="devicePlugin"), None, []))
+    assert volumes[0]["emptyDir"]["sizeLimit"] == str(2 * 2**30) and mounts[0]["name"] == volumes[0]["name"]
+    volumes, _ = shm(workloads.build_worker_pod_template(_config(gpu_mode="dra", gpu_shared_memory="8Gi"), None, []))
+    assert volumes[0]["emptyDir"]["sizeLimit"] == str(8 * 2**30)
+    assert shm(workloads.build_worker_pod_template(_config(gpu_mode="none"), None, [])) == ([], [])
+    assert shm(workloads.build_worker_pod_template(_config(gpu_shared_memory=0), None, [])) == ([], [])
+
+
 def test_cpu_only_pods_ask_for_no_gpu() -> None:
     template = workloads.build_worker_pod_template(_config(gpu_mode="none"), None, [])
     assert "resourceClaims" not in template["spec"]

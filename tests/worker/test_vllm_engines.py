@@ -251,6 +251,30 @@ def test_an_engine_that_fails_to_start_reports_its_own_last_words(tmp_path) -> N
         assert failed["state"] == "FAILED" and "CUDA out of memory" in failed["reason"]
 
 
+@pytest.mark.parametrize("on_gpu", [True, False])
+def test_engines_start_one_at_a_time_on_a_gpu_and_side_by_side_on_cpu(tmp_path, on_gpu) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from hotset_common.spec import ModelSpec
+    from hotset_worker.vllm_engines import CoreSets, VllmEngines
+
+    engines = VllmEngines(VllmEngines.parse_command(standin_command("--standin-start-delay-s", "2")), 2**30,
+                          cpu_cores=None if on_gpu else CoreSets([0], 1))
+    specs = [ModelSpec(id=f"m{i}", framework="vllm", task="text-generation", source=f"file://{tmp_path}")
+             for i in range(2)]
+    try:
+        with ThreadPoolExecutor(2) as pool:  # two loads at once, as two load threads would
+            started = list(pool.map(lambda spec: engines.start(spec, tmp_path, []), specs))
+        created = sorted(psutil.Process(engine.pid).create_time() for engine in started)
+        if on_gpu:  # the second engine's process began only after the first answered (2 s start)
+            assert created[1] - created[0] >= 1.9
+        else:
+            assert created[1] - created[0] < 1.5
+    finally:
+        for spec in specs:
+            engines.stop(spec.id)
+
+
 def test_an_engine_that_answers_health_but_dies_on_its_first_token_is_a_failed_load(tmp_path) -> None:
     store = write_store(tmp_path, [{"id": "llm", "memory": "256Mi"}])
     args = ["--model-store", str(store), "--memory-budget", "1Gi", "--vllm-device-memory", "1Gi",

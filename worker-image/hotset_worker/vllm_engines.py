@@ -31,6 +31,12 @@ What an engine is started with, beyond the model's own flags:
   build binds its compute threads to cores starting at core 0 unless told
   which, so two engines on one pod would share the same cores and halve each
   other. ``CoreSets`` hands each engine a disjoint block of the pod's cores.
+- **One start at a time on a GPU**: each engine profiles the device's free
+  memory while it starts and sizes its KV cache from what it finds; two
+  engines profiling at once each count the other's memory as free (a known
+  vLLM failure: both start, then one runs out). Starts on a GPU pod wait
+  for each other; on CPU (cores of their own, memory from the host) they
+  overlap.
 - **A first token before it counts as loaded**: ``/health`` answers as soon as
   the server is up, even for a model the engine cannot run (an attention head
   size its backend lacks kills it on the first request). One single-token
@@ -145,6 +151,7 @@ class Engine:
     api_key: str = ""
     tail: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=LOG_TAIL_LINES))
     adapters: set[str] = field(default_factory=set)
+    reader: threading.Thread | None = None  # copies its output into the log and `tail`
 
     @property
     def url(self) -> str:
@@ -163,6 +170,9 @@ class Engine:
         return self.process.poll() is None
 
     def log_tail(self) -> str:
+        """Its last lines; once it has exited, all of them (its output is read to the end first)."""
+        if not self.alive() and self.reader is not None:
+            self.reader.join(2.0)
         return "\n".join(self.tail)
 
 
@@ -185,6 +195,9 @@ class VllmEngines:
         self.cpu_cores = cpu_cores
         self._engines: dict[str, Engine] = {}
         self._lock = threading.Lock()
+        # On a GPU, one engine starts at a time (see the module docstring); held across the start.
+        self._starting: contextlib.AbstractContextManager[Any] = (
+            threading.Lock() if cpu_cores is None else contextlib.nullcontext())
         self._session: aiohttp.ClientSession | None = None
 
     @staticmethod
@@ -238,6 +251,10 @@ class VllmEngines:
         """Start `spec`'s engine and wait until it answers ``/health`` (runs on a load thread)."""
         if not self.configured:
             raise errors.BackendUnavailable(f"model {spec.id!r} needs vLLM, which this worker does not have")
+        with self._starting:
+            return self._start(spec, folder, engine_flags)
+
+    def _start(self, spec: ModelSpec, folder: Path, engine_flags: Sequence[str]) -> Engine:
         port = _free_port()
         api_key = secrets.token_urlsafe(24)
         # A canary version's engine answers to the model's own name too (the body the client sent
@@ -257,7 +274,8 @@ class VllmEngines:
             self._give_back_cores(spec.id)
             raise
         engine = Engine(spec.id, process, port, api_key)
-        threading.Thread(target=_copy_output, args=(engine,), name=f"vllm-log-{spec.id}", daemon=True).start()
+        engine.reader = threading.Thread(target=_copy_output, args=(engine,), name=f"vllm-log-{spec.id}", daemon=True)
+        engine.reader.start()
         try:
             _wait_healthy(engine, self.start_timeout_s)
             _probe(engine, names[0])

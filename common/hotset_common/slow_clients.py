@@ -24,9 +24,11 @@ client that hung up kept its slot until the worker answered. So, as Apache's
   handler: the router's slot and the worker's queue place go back, and the
   router's call to the worker is closed, which the worker sees in turn.
 
-``GuardedHttp`` is uvicorn's httptools protocol with the head and connection
-bounds; ``ClientGuard`` is the ASGI wrapper for the body and disconnects;
-``serve_options`` gives both to ``uvicorn.Config``.
+``GuardedHttp`` is uvicorn's httptools protocol with every bound, as timers
+and callbacks on the connection (no task or wait per request); ``ClientGuard``
+is the thin ASGI wrapper that tells it which task serves each request and
+ends a cut-off request quietly; ``serve_options`` gives both to
+``uvicorn.Config``.
 """
 from __future__ import annotations
 
@@ -105,9 +107,24 @@ def _raw_answer(status: int, reason: str, message: str, extra: Mapping[str, str]
     return head.encode("latin-1") + body
 
 
+CLIENT = "hotset.client"  # the scope key of a request's `ClientState`
+
+
+@dataclasses.dataclass(eq=False)
+class ClientState:
+    """What the protocol and `ClientGuard` share about one request: the task serving it, and why
+    the protocol cut it off (None while it has not)."""
+
+    received: int = 0  # body bytes so far
+    task: asyncio.Task[Any] | None = None
+    cut_off: str | None = None  # "slow": its body missed its deadline; "gone": its client left
+
+
 class GuardedHttp(HttpToolsProtocol):
-    """uvicorn's httptools protocol, with a deadline and a size cap on each request's head and a cap
-    on open connections. Subclassed per server by `serve_options` (the limits are class state)."""
+    """uvicorn's httptools protocol with every bound above: a deadline and a size cap on each
+    request's head, a deadline on its body, a cap on open connections, and the request's task
+    cancelled when its client leaves. All of it is timers and callbacks on the connection: no task,
+    no wait per request. Subclassed per server by `serve_options` (the limits are class state)."""
 
     limits = ClientLimits()
 
@@ -118,6 +135,9 @@ class GuardedHttp(HttpToolsProtocol):
         self._head_seen = 0  # bytes of the head's parts the parser has passed on
         self._head_pending = False
         self._refused = False
+        self._body_timer: asyncio.TimerHandle | None = None
+        self._body_started = 0.0
+        self._client: ClientState | None = None  # the request whose head or body is arriving
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -130,6 +150,10 @@ class GuardedHttp(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_head_timer()
+        self._stop_body_timer()
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            self._cut_off(cycle.scope.get(CLIENT), "gone")  # type: ignore[arg-type]
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -141,6 +165,11 @@ class GuardedHttp(HttpToolsProtocol):
             self._head_bytes += len(data)  # a head still unfinished after this chunk, however it is split
             if self._head_bytes > self.limits.max_head_bytes:
                 self._refuse_oversized()
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._client = ClientState()
+        self.scope[CLIENT] = self._client  # type: ignore[literal-required]
 
     def on_url(self, url: bytes) -> None:
         self._head_seen += len(url)
@@ -156,12 +185,18 @@ class GuardedHttp(HttpToolsProtocol):
             self._refuse_oversized()
             return
         super().on_headers_complete()
+        self._body_started = self.loop.time()
+        self._body_timer = self.loop.call_at(self._body_started + self.limits.body_timeout_s, self._body_deadline)
 
     def on_body(self, body: bytes) -> None:
-        if not self._refused:
-            super().on_body(body)
+        if self._refused:
+            return
+        if self._client is not None:
+            self._client.received += len(body)
+        super().on_body(body)
 
     def on_message_complete(self) -> None:
+        self._stop_body_timer()
         if not self._refused:
             super().on_message_complete()
 
@@ -170,7 +205,7 @@ class GuardedHttp(HttpToolsProtocol):
         if not self.transport.is_closing() and not self.pipeline:
             self._await_head()  # the next request's head has the same deadline (uvicorn's keep-alive closes idle ones sooner)
 
-    # -----
+    # ----- heads -----------------------------------------------------------
 
     def _refuse_oversized(self) -> None:
         self._refuse(431, "Request Header Fields Too Large",
@@ -193,112 +228,78 @@ class GuardedHttp(HttpToolsProtocol):
             self._refuse(408, "Request Timeout",
                          f"the request's head did not arrive within {self.limits.head_timeout_s:g}s")
 
-    def _refuse(self, status: int, reason: str, message: str, extra: Mapping[str, str] | None = None) -> None:
+    # ----- bodies ----------------------------------------------------------
+
+    def _stop_body_timer(self) -> None:
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
+
+    def _body_deadline(self) -> None:
+        """The body's deadline, as far as it got: later by what arrived since, else cut off."""
+        self._body_timer = None
+        client = self._client
+        received = client.received if client is not None else 0
+        deadline = self.limits.body_deadline(self._body_started, received)
+        if self.loop.time() < deadline:
+            self._body_timer = self.loop.call_at(deadline, self._body_deadline)
+            return
+        cycle = self.cycle
+        message = (f"the request's body did not arrive in time ({received} bytes in "
+                   f"{self.loop.time() - self._body_started:.0f}s; allowed {self.limits.body_timeout_s:g}s plus a "
+                   f"second per {self.limits.body_min_rate} bytes)")
+        if cycle is not None and not cycle.response_started:
+            cycle.disconnected = True  # its handler's answer, if any, goes nowhere: this one is sent
+            self._refuse(408, "Request Timeout", message)
+        else:
+            self._refuse(408, "Request Timeout", message, write=False)
+        self._cut_off(client, "slow")
+
+    # ----- both ------------------------------------------------------------
+
+    def _cut_off(self, client: ClientState | None, why: str) -> None:
+        """Cancel the request's handler: what it holds (a slot, a queue place, a call to a worker)
+        goes back now rather than when it would have answered."""
+        if client is None or client.cut_off is not None:
+            return
+        client.cut_off = why
+        if client.task is not None and not client.task.done():
+            client.task.cancel()
+
+    def _refuse(self, status: int, reason: str, message: str, extra: Mapping[str, str] | None = None,
+                write: bool = True) -> None:
         self._stop_head_timer()
+        self._stop_body_timer()
         self._refused = True
         log.info("client %s: %d %s", self.client, status, message)
         if not self.transport.is_closing():
-            self.transport.write(_raw_answer(status, reason, message, extra))
+            if write:
+                self.transport.write(_raw_answer(status, reason, message, extra))
             self.transport.close()
 
 
 class ClientGuard:
-    """ASGI wrapper: a deadline on each request's body, and a handler cancelled when its client leaves."""
+    """ASGI wrapper: tells the protocol which task serves each request, and ends quietly a request
+    the protocol cut off (its client left, or its body missed its deadline and got a 408)."""
 
-    def __init__(self, app: App, limits: ClientLimits) -> None:
+    def __init__(self, app: App) -> None:
         self.app = app
-        self.limits = limits
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        client: ClientState | None = scope.get(CLIENT) if scope["type"] == "http" else None
+        if client is None:
             await self.app(scope, receive, send)
             return
-        await _GuardedRequest(self.app, self.limits, scope, receive, send).run()
-
-
-class _GuardedRequest:
-    """One request under `ClientGuard`: its handler runs as a task this object may cancel."""
-
-    def __init__(self, app: App, limits: ClientLimits, scope: Scope, receive: Receive, send: Send) -> None:
-        self.app, self.limits, self.scope = app, limits, scope
-        self._receive, self._send = receive, send
-        self.loop = asyncio.get_running_loop()
-        self.started = self.loop.time()
-        self.received = 0
-        self.body_done = False
-        self.answer_started = False
-        self.answer_done = False
-        self.cut_off: str | None = None  # why the handler was cancelled, when it was
-        self.gone = asyncio.Event()
-        self.handler: asyncio.Task[None] | None = None
-        self.watcher: asyncio.Task[None] | None = None
-
-    async def run(self) -> None:
-        self.handler = self.loop.create_task(self.app(self.scope, self.receive, self.send))
+        task = client.task = asyncio.current_task()
         try:
-            await asyncio.shield(self.handler)
+            await self.app(scope, receive, send)
         except asyncio.CancelledError:
-            if self.cut_off is None:  # the server itself is cancelling (shutdown): pass it on
-                self.handler.cancel()
-                raise
-        finally:
-            if self.watcher is not None:
-                self.watcher.cancel()
-        if self.cut_off == "slow" and not self.answer_started:
-            message = (f"the request's body did not arrive in time ({self.received} bytes in "
-                       f"{self.loop.time() - self.started:.0f}s; allowed {self.limits.body_timeout_s:g}s plus a "
-                       f"second per {self.limits.body_min_rate} bytes)")
-            body = json.dumps(error_body(message)).encode()
-            await self._send({"type": "http.response.start", "status": 408,
-                              "headers": [(b"content-type", b"application/json"), (b"connection", b"close"),
-                                          (b"content-length", str(len(body)).encode())]})
-            await self._send({"type": "http.response.body", "body": body})
-
-    def _cancel(self, why: str) -> None:
-        if self.cut_off is None and self.handler is not None and not self.handler.done() and not self.answer_done:
-            self.cut_off = why
-            self.handler.cancel()
-
-    async def receive(self) -> Message:
-        if self.body_done:  # what a handler asks after its body: only whether the client left
-            await self.gone.wait()
-            return {"type": "http.disconnect"}
-        remaining = self.limits.body_deadline(self.started, self.received) - self.loop.time()
-        try:
-            message = await asyncio.wait_for(self._receive(), max(0.0, remaining))
-        except asyncio.TimeoutError:
-            self._cancel("slow")
-            if self.cut_off == "slow":
-                await asyncio.Event().wait()  # the handler's cancellation arrives here
-            return {"type": "http.disconnect"}
-        if message["type"] == "http.disconnect":
-            self.gone.set()
-            self._cancel("gone")
-        elif not message.get("more_body", False):
-            self.body_done = True
-            self.watcher = self.loop.create_task(self._watch())
-        self.received += len(message.get("body", b""))
-        return message
-
-    async def _watch(self) -> None:
-        """After the body: the server's next message is the client leaving (or the answer ending)."""
-        while not self.answer_done:
-            message = await self._receive()
-            if message["type"] == "http.disconnect":
-                self.gone.set()
-                if not self.answer_done:
-                    self._cancel("gone")
-                return
-
-    async def send(self, message: Message) -> None:
-        if message["type"] == "http.response.start":
-            self.answer_started = True
-        elif message["type"] == "http.response.body" and not message.get("more_body", False):
-            self.answer_done = True
-        await self._send(message)
+            if client.cut_off is None or task is None:
+                raise  # the server's own cancellation (shutdown): pass it on
+            task.uncancel()
 
 
 def serve_options(app: App, limits: ClientLimits) -> dict[str, Any]:
     """What ``uvicorn.Config``/``uvicorn.run`` take to serve `app` under `limits`."""
     protocol = type("GuardedHttpServer", (GuardedHttp,), {"limits": limits})
-    return {"app": ClientGuard(app, limits), "http": protocol}
+    return {"app": ClientGuard(app), "http": protocol}

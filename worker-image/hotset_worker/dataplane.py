@@ -264,10 +264,13 @@ class DataPlane:
 
     async def _run(self, spec: ModelSpec, timing: RequestTiming, function: Any, *args: Any) -> Any:
         started = time.perf_counter()
-        inference = asyncio.get_running_loop().run_in_executor(self._inference, function, *args)
+        job = self._inference.submit(function, *args)
+        inference = asyncio.wrap_future(job)
         try:
             return await asyncio.shield(inference)
         except asyncio.CancelledError:
+            if job.cancel():  # its client left while it waited for a thread: it never runs
+                raise
             # The caller went away, but the thread still uses the model: keep holding it
             # (in flight) until the thread is done, so no eviction unloads it underneath.
             await asyncio.gather(inference, return_exceptions=True)

@@ -108,7 +108,7 @@ class CoreSets:
         size = max(1, min(per_engine, len(ordered))) if ordered else 1
         self.blocks: list[tuple[int, ...]] = [tuple(ordered[i:i + size]) for i in range(0, len(ordered), size)
                                              if len(ordered[i:i + size]) == size] or [tuple(ordered)]
-        self._users: dict[tuple[int, ...], set[str]] = {block: set() for block in self.blocks}
+        self._users: dict[tuple[int, ...], set[str]] = {block: set() for block in self.blocks}  # engine keys
         self._lock = threading.Lock()
 
     @classmethod
@@ -117,19 +117,21 @@ class CoreSets:
         cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
         return cls(cores, per_engine or max(1, len(cores) // 2))
 
-    def take(self, model_id: str) -> tuple[int, ...]:
+    def take(self, engine_key: str) -> tuple[int, ...]:
+        """A block for the engine `engine_key` names (one per engine process: a model's next engine
+        has a key of its own, so a late give-back of its last one leaves the new one's block alone)."""
         with self._lock:
             block = min(self.blocks, key=lambda b: len(self._users[b]))
             if self._users[block]:
-                log.warning("every block of CPU cores has an engine: %s shares cores %s with %s", model_id,
+                log.warning("every block of CPU cores has an engine: %s shares cores %s with %s", engine_key,
                             bind_list(block), ", ".join(sorted(self._users[block])))
-            self._users[block].add(model_id)
+            self._users[block].add(engine_key)
             return block
 
-    def give_back(self, model_id: str) -> None:
+    def give_back(self, engine_key: str) -> None:
         with self._lock:
             for users in self._users.values():
-                users.discard(model_id)
+                users.discard(engine_key)
 
     def users(self) -> dict[str, tuple[int, ...]]:
         with self._lock:
@@ -149,6 +151,7 @@ class Engine:
     process: subprocess.Popen[bytes]
     port: int
     api_key: str = ""
+    core_key: str = ""  # its block of CPU cores, where it has one (CoreSets)
     tail: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=LOG_TAIL_LINES))
     adapters: set[str] = field(default_factory=set)
     reader: threading.Thread | None = None  # copies its output into the log and `tail`
@@ -256,24 +259,25 @@ class VllmEngines:
 
     def _start(self, spec: ModelSpec, folder: Path, engine_flags: Sequence[str]) -> Engine:
         port = _free_port()
-        api_key = secrets.token_urlsafe(24)
+        api_key = secrets.token_hex(24)  # hex: a key starting with "-" would read as a flag to argparse
         # A canary version's engine answers to the model's own name too (the body the client sent
         # names it), and names it first, so that its answers say the model that was asked for.
         names = [spec.variant_of, spec.id] if spec.variant_of else [spec.id]
         argv = [*self.command, "--model", str(folder), "--served-model-name", *names,
                 "--host", "127.0.0.1", "--port", str(port), *engine_flags]
         log.info("starting the vLLM engine of %s: %s", spec.id, shlex.join(argv))  # before the key joins it
-        argv += ["--api-key", api_key]
+        argv.append(f"--api-key={api_key}")
         env = {**os.environ, **self.environment, **ENGINE_ENVIRONMENT}
+        core_key = f"{spec.id}@{port}"
         if self.cpu_cores is not None:
-            env["VLLM_CPU_OMP_THREADS_BIND"] = bind_list(self.cpu_cores.take(spec.id))
+            env["VLLM_CPU_OMP_THREADS_BIND"] = bind_list(self.cpu_cores.take(core_key))
         try:
             process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                        stdin=subprocess.DEVNULL, env=env, start_new_session=True)
         except BaseException:
-            self._give_back_cores(spec.id)
+            self._give_back_cores(core_key)
             raise
-        engine = Engine(spec.id, process, port, api_key)
+        engine = Engine(spec.id, process, port, api_key, core_key)
         engine.reader = threading.Thread(target=_copy_output, args=(engine,), name=f"vllm-log-{spec.id}", daemon=True)
         engine.reader.start()
         try:
@@ -281,24 +285,28 @@ class VllmEngines:
             _probe(engine, names[0])
         except BaseException:
             stop(engine)
-            self._give_back_cores(spec.id)
+            self._give_back_cores(core_key)
             raise
         with self._lock:
             self._engines[spec.id] = engine
         log.info("the vLLM engine of %s answers on port %d (pid %d)", spec.id, port, process.pid)
         return engine
 
-    def stop(self, model_id: str) -> None:
-        """Stop `model_id`'s engine (its adapters go with it)."""
+    def stop(self, model_id: str, engine: Engine | None = None) -> None:
+        """Stop `model_id`'s engine (its adapters go with it); given `engine`, only that one: the
+        unload of a copy whose engine died must not stop the engine a new load has started since."""
         with self._lock:
-            engine = self._engines.pop(model_id, None)
+            registered = self._engines.get(model_id)
+            if registered is not None and (engine is None or registered is engine):
+                del self._engines[model_id]
+            engine = engine or registered
         if engine is not None:
             stop(engine)
-        self._give_back_cores(model_id)
+            self._give_back_cores(engine.core_key)
 
-    def _give_back_cores(self, model_id: str) -> None:
+    def _give_back_cores(self, core_key: str) -> None:
         if self.cpu_cores is not None:
-            self.cpu_cores.give_back(model_id)
+            self.cpu_cores.give_back(core_key)
 
     # ----- HTTP to engines ---------------------------------------------------
 

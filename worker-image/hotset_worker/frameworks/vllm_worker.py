@@ -142,7 +142,7 @@ class VllmWorker(FrameworkWorker):
         if engine_ is None:
             return
         if not self.adapter:
-            self.engines.stop(self.spec.id)
+            self.engines.stop(self.spec.id, engine_)  # its own engine only (a new load may have started another)
             return
         engine_.adapters.discard(self.spec.id)
         if engine_.alive():

@@ -38,6 +38,7 @@ import dataclasses
 import json
 import logging
 import os
+from http import HTTPStatus
 from typing import Any, Awaitable, Callable, Mapping
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -99,11 +100,11 @@ def from_arguments(args: argparse.Namespace) -> ClientLimits:
     return limits
 
 
-def _raw_answer(status: int, reason: str, message: str, extra: Mapping[str, str] | None = None) -> bytes:
+def _raw_answer(status: HTTPStatus, message: str, extra: Mapping[str, str] | None = None) -> bytes:
     body = json.dumps(error_body(message)).encode()
     headers = {"content-type": "application/json", "content-length": str(len(body)), "connection": "close",
                **(extra or {})}
-    head = f"HTTP/1.1 {status} {reason}\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n"
+    head = f"HTTP/1.1 {status.value} {status.phrase}\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n"
     return head.encode("latin-1") + body
 
 
@@ -142,7 +143,7 @@ class GuardedHttp(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         if len(self.connections) > self.limits.max_connections:
-            self._refuse(503, "Service Unavailable",
+            self._refuse(HTTPStatus.SERVICE_UNAVAILABLE,
                          f"this server holds {self.limits.max_connections} connections, its limit; retry shortly",
                          {"retry-after": "1"})
             return
@@ -208,7 +209,7 @@ class GuardedHttp(HttpToolsProtocol):
     # ----- heads -----------------------------------------------------------
 
     def _refuse_oversized(self) -> None:
-        self._refuse(431, "Request Header Fields Too Large",
+        self._refuse(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE,
                      f"the request's head passed {self.limits.max_head_bytes} bytes, the limit")
 
     def _await_head(self) -> None:
@@ -225,7 +226,7 @@ class GuardedHttp(HttpToolsProtocol):
     def _head_too_slow(self) -> None:
         self._head_timer = None
         if self._head_pending and not self.transport.is_closing():
-            self._refuse(408, "Request Timeout",
+            self._refuse(HTTPStatus.REQUEST_TIMEOUT,
                          f"the request's head did not arrive within {self.limits.head_timeout_s:g}s")
 
     # ----- bodies ----------------------------------------------------------
@@ -248,11 +249,10 @@ class GuardedHttp(HttpToolsProtocol):
         message = (f"the request's body did not arrive in time ({received} bytes in "
                    f"{self.loop.time() - self._body_started:.0f}s; allowed {self.limits.body_timeout_s:g}s plus a "
                    f"second per {self.limits.body_min_rate} bytes)")
-        if cycle is not None and not cycle.response_started:
+        answer = cycle is not None and not cycle.response_started  # else the handler's answer has begun
+        if answer and cycle is not None:
             cycle.disconnected = True  # its handler's answer, if any, goes nowhere: this one is sent
-            self._refuse(408, "Request Timeout", message)
-        else:
-            self._refuse(408, "Request Timeout", message, write=False)
+        self._refuse(HTTPStatus.REQUEST_TIMEOUT, message, write=answer)
         self._cut_off(client, "slow")
 
     # ----- both ------------------------------------------------------------
@@ -266,15 +266,15 @@ class GuardedHttp(HttpToolsProtocol):
         if client.task is not None and not client.task.done():
             client.task.cancel()
 
-    def _refuse(self, status: int, reason: str, message: str, extra: Mapping[str, str] | None = None,
+    def _refuse(self, status: HTTPStatus, message: str, extra: Mapping[str, str] | None = None,
                 write: bool = True) -> None:
         self._stop_head_timer()
         self._stop_body_timer()
         self._refused = True
-        log.info("client %s: %d %s", self.client, status, message)
+        log.info("client %s: %d %s", self.client, status.value, message)
         if not self.transport.is_closing():
             if write:
-                self.transport.write(_raw_answer(status, reason, message, extra))
+                self.transport.write(_raw_answer(status, message, extra))
             self.transport.close()
 
 

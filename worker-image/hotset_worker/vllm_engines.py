@@ -133,10 +133,6 @@ class CoreSets:
             for users in self._users.values():
                 users.discard(engine_key)
 
-    def users(self) -> dict[str, tuple[int, ...]]:
-        with self._lock:
-            return {model: block for block, users in self._users.items() for model in users}
-
 
 def bind_list(cores: Sequence[int]) -> str:
     """Cores as vLLM's ``VLLM_CPU_OMP_THREADS_BIND`` reads them: ``0,1,2,3``."""

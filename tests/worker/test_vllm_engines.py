@@ -210,6 +210,22 @@ def test_an_engine_that_dies_is_dropped_and_the_next_request_starts_another(work
     assert engines(worker)["other"].pid != old.pid
 
 
+def test_a_request_arriving_just_after_its_engine_died_waits_for_a_new_one(tmp_path) -> None:
+    store = write_store(tmp_path, [{"id": "llm", "memory": "256Mi"}])
+    args = ["--model-store", str(store), "--memory-budget", "1Gi", "--vllm-device-memory", "1Gi",
+            "--vllm-command", standin_command(), "--backend-sync-s", "600"]  # no sync drops the copy first
+    with worker_process(args) as url, openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0,
+                                                    timeout=60) as openai_client:
+        ask(openai_client, "llm")
+        (old,) = [p for p in psutil.Process().children(recursive=True) if str(STANDIN) in p.cmdline()]
+        old.kill()
+        wait_for(lambda: exited(old), "the engine to die", timeout=10)  # a zombie until the worker looks
+        assert httpx.get(f"{url}/status", timeout=5).json()["models"][0]["state"] == "READY"  # as far as it knows
+        assert ask(openai_client, "llm") == "the engine streams one"  # waited for a new engine, no 503
+        assert len(live := [p for p in psutil.Process().children(recursive=True)
+                            if not exited(p) and str(STANDIN) in p.cmdline()]) == 1 and live[0].pid != old.pid
+
+
 def test_an_adapter_loads_into_its_bases_engine_and_only_while_the_base_is_loaded(worker, client) -> None:
     assert ask(client, "llm-sql").startswith("[llm-sql]")  # the adapter answered, through the base's engine
     (engine,) = engines(worker).values()  # no engine of its own

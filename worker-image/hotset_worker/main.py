@@ -59,6 +59,7 @@ class Settings:
     source_roots: dict[str, Path] = field(default_factory=dict)
     min_residency_s: float = DEFAULT_CHURN_GUARD_S
     failed_load_backoff_s: float = 5.0
+    backend_sync_s: float = 1.0  # how often copies are checked against what Triton and the engines hold
     request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
     max_queue: int = DEFAULT_MAX_QUEUE
     admission_control: bool = True
@@ -103,6 +104,7 @@ ENVIRONMENT = {
     "source_root": "HOTSET_SOURCE_ROOTS",
     "min_residency_s": "HOTSET_MIN_RESIDENCY_S",
     "failed_load_backoff_s": "HOTSET_FAILED_LOAD_BACKOFF_S",
+    "backend_sync_s": "HOTSET_BACKEND_SYNC_S",
     "request_timeout_s": "HOTSET_REQUEST_TIMEOUT_S",
     "max_queue": "HOTSET_MAX_QUEUE",
     "admission_control": "HOTSET_ADMISSION_CONTROL",
@@ -174,6 +176,10 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     parser.add_argument(
         "--max-queue", type=int, default=default("max_queue", DEFAULT_MAX_QUEUE),
         help="requests that may wait for room at once; past it a request is refused at once (503, Retry-After)",
+    )
+    parser.add_argument(
+        "--backend-sync-s", type=float, default=default("backend_sync_s", 1.0),
+        help="how often loaded copies are checked against what the Triton sidecar and the vLLM engines hold",
     )
     parser.add_argument(
         "--failed-load-backoff-s", type=float, default=default("failed_load_backoff_s", 5.0),
@@ -258,6 +264,8 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
     if args.model_store and args.catalog_url:
         parser.error("--model-store and --catalog-url name two catalogs; give one")
     roots = args.source_root if args.source_root is not None else _split(env.get(ENVIRONMENT["source_root"], ""))
+    if float(args.backend_sync_s) <= 0:
+        parser.error(f"--backend-sync-s must be positive, got {args.backend_sync_s}")
     if float(args.failed_load_backoff_s) < 0:
         parser.error(f"--failed-load-backoff-s must not be negative, got {args.failed_load_backoff_s}")
     if float(args.request_timeout_s) <= 0:
@@ -287,6 +295,7 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
             source_roots=dict(_source_root(item) for item in roots),
             min_residency_s=float(args.min_residency_s),
             failed_load_backoff_s=float(args.failed_load_backoff_s),
+            backend_sync_s=float(args.backend_sync_s),
             request_timeout_s=float(args.request_timeout_s),
             max_queue=int(args.max_queue),
             admission_control=args.admission_control == "on",
@@ -433,6 +442,7 @@ def build_app(settings: Settings, store: ModelStore | None = None,
         manager, metrics, backends, pod_name=settings.pod_name, max_body_bytes=settings.max_body_bytes,
         prepare=lambda: import_frameworks(store, context), inference_threads=settings.inference_threads,
         api_token=settings.api_token, max_model_queue=settings.max_model_queue, draining=draining,
+        backend_sync_s=settings.backend_sync_s,
     )
 
 

@@ -403,6 +403,11 @@ class ModelManager:
         """Get-or-load `model_id` within `timeout_s` (default: the request timeout) or by `deadline`
         (the clock's reading), and hold it (counted in flight) for the block."""
         copy = self.table.ready(model_id)
+        if copy is not None and copy.worker is not None and copy.worker.lost():
+            # Its engine died since the last look (Backends.keep_in_sync notices within a second):
+            # this request waits for a new copy instead of failing against the dead one.
+            self._drop_lost(copy)
+            copy = None
         if copy is not None and not self._needs_care(copy):
             self.table.stats_of(model_id).demand.add(self.clock.now())  # the warm path: nothing to wait for
             self.table.hold(copy, self.clock.now())
@@ -943,11 +948,15 @@ class ModelManager:
             and copy.loaded_at <= asked_at and key not in held
         ]
         for copy in lost:
-            log.warning("%s no longer holds %s (restarted?); dropping it so it loads again", framework.value, copy.model_id)
-            self._begin_unload(copy, evicted=False)
-        if lost:
-            self._observer.memory_used(self.used_bytes())
+            self._drop_lost(copy)
         return sorted(copy.model_id for copy in lost)
+
+    def _drop_lost(self, copy: Copy) -> None:
+        """A READY copy whose backend lost it goes the way of an unload; the next request loads it again."""
+        log.warning("%s no longer holds %s (restarted?); dropping it so it loads again",
+                    copy.spec.framework.value, copy.model_id)
+        self._begin_unload(copy, evicted=False)
+        self._observer.memory_used(self.used_bytes())
 
     # ----- lifecycle -----------------------------------------------------
 

@@ -161,6 +161,11 @@ class FrameworkWorker(abc.ABC):
         """Whether the model can serve now (the triton worker asks its sidecar)."""
         return True
 
+    def lost(self) -> bool:
+        """Whether what served this copy is known to be gone (an engine process that exited), so a
+        request must not be sent to it but wait for the copy to load again. Cheap: the warm path asks."""
+        return False
+
     # ----- dynamic batching (optional; batching.py drives it) ---------------------------------
 
     def batchable(self) -> bool:

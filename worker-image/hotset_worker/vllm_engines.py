@@ -168,6 +168,26 @@ class Engine:
     def alive(self) -> bool:
         return self.process.poll() is None
 
+    def resident_bytes(self) -> int:
+        """Host memory the whole engine holds: the proportional set size of its API server and every
+        process under it (engine core, compute worker), 0 when it cannot be read. On CPU that is what
+        the engine costs the pod, beyond the share its compute process was given for weights and KV cache."""
+        import psutil
+
+        total = 0
+        try:
+            root = psutil.Process(self.pid)
+            processes = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            return 0
+        for process in processes:
+            try:
+                total += process.memory_full_info().pss
+            except (psutil.Error, AttributeError):
+                with contextlib.suppress(psutil.Error):
+                    total += process.memory_info().rss
+        return total
+
     def log_tail(self) -> str:
         """Its last lines; once it has exited, all of them (its output is read to the end first)."""
         if not self.alive() and self.reader is not None:

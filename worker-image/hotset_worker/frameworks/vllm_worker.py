@@ -118,7 +118,12 @@ class VllmWorker(FrameworkWorker):
         flags = ["--gpu-memory-utilization", f"{share:.4f}",
                  *engine_flags({k: v for k, v in self.spec.engine_args.items() if k != "gpu_memory_utilization"})]
         self._engine = self.engines.start(self.spec, self._folder, flags)
-        self._bytes = size
+        # On CPU the share covers the compute process's weights and KV cache only; the API server and
+        # engine core processes take about 1.3 GB more (measured on vLLM 0.32). The copy counts what the
+        # whole engine holds once it has answered, when that is more. (On a GPU the budget is the
+        # device's, which the share is of.)
+        on_cpu = self.engines.cpu_cores is not None
+        self._bytes = max(size, self._engine.resident_bytes()) if on_cpu else size
 
     def _load_adapter(self) -> None:
         import httpx
@@ -159,6 +164,10 @@ class VllmWorker(FrameworkWorker):
 
     def is_ready(self) -> bool:
         return self._engine is not None and self._engine.alive()
+
+    def lost(self) -> bool:
+        """Its own engine exited (an adapter follows its base's restart in ``_current_engine``)."""
+        return not self.adapter and self._engine is not None and not self._engine.alive()
 
     # ----- requests ----------------------------------------------------------
 

@@ -1,5 +1,5 @@
 # The README's two commands are `make run` and `make test`; both install first.
-.PHONY: install install-k8s install-kind install-s3 images run test e2e bench clean
+.PHONY: install install-k8s install-kind install-s3 install-vllm images run test e2e bench clean
 
 install:
 	scripts/install.sh
@@ -10,6 +10,10 @@ install-k8s:
 # A real S3 server (MinIO, from the Go module proxy) for the s3:// and gs:// source tests.
 install-s3:
 	scripts/install-s3.sh
+
+# A real vLLM (its CPU build, in a venv of its own) for the real-engine tier.
+install-vllm:
+	scripts/install-vllm.sh
 
 # The kind tier's tools: Debian's docker.io and debootstrap where missing, the node's
 # Kubernetes binaries, kind, containerd, CoreDNS, kube-router... (cached per version).
@@ -27,9 +31,9 @@ run: install
 	.venv/bin/python scripts/local_stack.py
 
 # Unit and integration suites, then the kind tier (also what .ci/run runs). In CI
-# (CI=true) a kind tier that cannot run is an error, not a skip.
-test: install install-k8s install-s3 install-kind
-	.venv/bin/pytest -q tests
+# (CI=true) a kind tier or a real-engine tier that cannot run is an error, not a skip.
+test: install install-k8s install-s3 install-vllm install-kind
+	HOTSET_VLLM_REQUIRED=$(if $(CI),1,0) .venv/bin/pytest -q tests
 	HOTSET_KIND_REQUIRED=$(if $(CI),1,0) .venv/bin/pytest -q e2e/kind -rs --durations=20
 
 # The kind tier alone: real images, kubelets and Services, the chart, the scenarios (docs/e2e.md).

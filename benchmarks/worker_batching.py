@@ -10,8 +10,9 @@ each round):
   batching (32 rows, 2 ms);
 - ``off``: the same worker and model with ``batching: {maxBatchSize: 1}``;
 - ``triton``: the same weights in a Triton Python-backend model with
-  ``dynamic_batching`` (max_batch_size 32, 2 ms queue delay, one instance
-  with torch's default threads, Triton's defaults; its ``execute``
+  ``dynamic_batching`` (max_batch_size 32, 2 ms queue delay; by default two
+  instances of one torch thread each, the worker's own shape of two passes
+  at once, ``--triton-instances``/``--triton-threads`` to change it; its ``execute``
   tokenizes and runs every request Triton hands it in one pass, the way
   batching is written for that backend), served through ``hotset-worker``
   and its real CPU Triton sidecar (``hotset-triton``), whose Python gets
@@ -23,6 +24,11 @@ worker, so the three differ only in what runs the model. Closed loop: C
 clients drain one shared queue of requests (short review-like sentences of
 3-12 words, seeded). Prints each run, then throughput and latency at
 concurrency 32 and 1, with the ratios the issue's targets name.
+
+Single-request latency, on against off, is also measured interleaved: both
+workers alive at once, one request at a time, alternating between them
+request by request (the order flipped each pair), so a machine whose load
+drifts between whole runs colours both alike.
 
 Usage: .venv/bin/python benchmarks/worker_batching.py [--requests 640] [--single 100] [--rounds 2]
        [--targets on,off,triton]
@@ -82,8 +88,9 @@ max_batch_size: {max_batch}
 input [{{ name: "text" data_type: TYPE_STRING dims: [ 1 ] }}]
 output [{{ name: "probabilities" data_type: TYPE_FP32 dims: [ 2 ] }}]
 dynamic_batching {{ max_queue_delay_microseconds: {delay_us} }}
-instance_group [{{ kind: KIND_CPU count: 1 }}]
+instance_group [{{ kind: KIND_CPU count: {instances} }}]
 parameters {{ key: "hf_folder" value {{ string_value: "{folder}" }} }}
+parameters {{ key: "torch_threads" value {{ string_value: "{threads}" }} }}
 """
 
 TRITON_MODEL_PY = '''import json
@@ -98,7 +105,11 @@ class TritonPythonModel:
     """The same classifier as the transformers worker: every request Triton batched, in one pass."""
 
     def initialize(self, args):
-        folder = json.loads(args["model_config"])["parameters"]["hf_folder"]["string_value"]
+        parameters = json.loads(args["model_config"])["parameters"]
+        folder = parameters["hf_folder"]["string_value"]
+        threads = int(parameters["torch_threads"]["string_value"])
+        if threads > 0:
+            torch.set_num_threads(threads)
         self.tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
         self.model = AutoModelForSequenceClassification.from_pretrained(folder, local_files_only=True).eval()
 
@@ -128,11 +139,14 @@ def ensure_model() -> Path:
     return folder
 
 
+TRITON_SHAPE = {"instances": 2, "threads": 1}  # set from the command line in main()
+
+
 def ensure_triton_model(hf: Path) -> Path:
     folder = ROOT / "triton" / MODEL_ID
     (folder / "1").mkdir(parents=True, exist_ok=True)
     (folder / "config.pbtxt").write_text(TRITON_CONFIG.format(name=MODEL_ID, max_batch=MAX_BATCH,
-                                                              delay_us=DELAY_MS * 1000, folder=hf))
+                                                              delay_us=DELAY_MS * 1000, folder=hf, **TRITON_SHAPE))
     (folder / "1" / "model.py").write_text(TRITON_MODEL_PY)
     return folder
 
@@ -232,6 +246,37 @@ async def closed_loop(url: str, texts: list[str], concurrency: int) -> dict[str,
             "mean_ms": round(statistics.fmean(seconds) * 1000, 2)}
 
 
+async def interleaved_single(urls: dict[str, str], texts: list[str]) -> dict[str, Any]:
+    """One request at a time, to each target in turn (the order flipped each pair), one keep-alive
+    connection per target: the single-request latency of two servers under the same moment's load."""
+    names = list(urls)
+    seconds: dict[str, list[float]] = {name: [] for name in names}
+    clients = {name: httpx.AsyncClient(base_url=url, timeout=120.0) for name, url in urls.items()}
+    try:
+        for name in names:  # warm: the connection and a first pass of each
+            for text in texts[:5]:
+                (await clients[name].post(f"/v2/models/{MODEL_ID}/infer", json=body(text))).raise_for_status()
+        for index, text in enumerate(texts):
+            for name in (names if index % 2 == 0 else list(reversed(names))):
+                started = time.perf_counter()
+                (await clients[name].post(f"/v2/models/{MODEL_ID}/infer", json=body(text))).raise_for_status()
+                seconds[name].append(time.perf_counter() - started)
+    finally:
+        for client in clients.values():
+            await client.aclose()
+    first, second = names
+    differences = sorted((a - b) * 1000 for a, b in zip(seconds[first], seconds[second]))
+
+    def figures(values: list[float]) -> dict[str, float]:
+        ordered = sorted(values)
+        return {"mean_ms": round(statistics.fmean(ordered) * 1000, 2), "p50_ms": round(ordered[len(ordered) // 2] * 1000, 2),
+                "p99_ms": round(ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] * 1000, 2)}
+
+    return {"pairs": len(texts), first: figures(seconds[first]), second: figures(seconds[second]),
+            "mean_diff_ms": round(statistics.fmean(differences), 2),
+            "median_pair_diff_ms": round(differences[len(differences) // 2], 2)}
+
+
 def batch_figures(url: str) -> str:
     """Mean rows per pass from the worker's metrics (batching on only)."""
     text = httpx.get(f"{url}/metrics", timeout=10).text
@@ -252,8 +297,11 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--targets", default="on,off,triton")
+    parser.add_argument("--triton-instances", type=int, default=2, help="Triton model instances")
+    parser.add_argument("--triton-threads", type=int, default=1, help="torch threads per instance; 0: torch's default")
     parser.add_argument("--json-out", type=Path)
     args = parser.parse_args()
+    TRITON_SHAPE.update(instances=args.triton_instances, threads=args.triton_threads)
     targets = [t for t in args.targets.split(",") if t]
     hf = ensure_model()
     texts = sentences(args.requests)
@@ -270,7 +318,17 @@ def main() -> None:
                             result["mean_rows_per_pass"] = batch_figures(url)
                         print(json.dumps(result), flush=True)
                         runs.append(result)
+        paired = None
+        if "on" in targets and "off" in targets and args.single:
+            with target("on", hf, Path(scratch)) as on, target("off", hf, Path(scratch)) as off:
+                paired = asyncio.run(interleaved_single({"on": on, "off": off}, texts[:args.single * 2]))
+            print(json.dumps({"interleaved_single": paired}), flush=True)
     report(runs, targets, args.concurrency)
+    if paired:
+        print(f"\nconcurrency 1, interleaved request by request ({paired['pairs']} pairs): on mean "
+              f"{paired['on']['mean_ms']:.2f} ms p50 {paired['on']['p50_ms']:.2f} ms, off mean {paired['off']['mean_ms']:.2f} ms "
+              f"p50 {paired['off']['p50_ms']:.2f} ms; on - off: mean {paired['mean_diff_ms']:+.2f} ms, median of the "
+              f"pairs' differences {paired['median_pair_diff_ms']:+.2f} ms (target within 1 ms)")
     if args.json_out:
         args.json_out.write_text(json.dumps(runs, indent=2))
 

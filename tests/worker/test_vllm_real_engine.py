@@ -275,14 +275,16 @@ def test_a_client_leaving_mid_stream_and_an_engine_killed_under_load_leave_the_m
                                                            "max_tokens": 240, "stream": True,
                                                            "ignore_eos": True}) as stream:
             lines = stream.iter_lines()
-            next(lines)
+            received = [next(lines)]
             for process in [victim, *victim.children(recursive=True)]:
                 with contextlib.suppress(psutil.NoSuchProcess):
                     process.kill()
-            rest: list[str] = []
             with contextlib.suppress(httpx.HTTPError):  # a cut connection, or a stream ended early
-                rest.extend(lines)
-    assert "data: [DONE]" not in rest  # a cut stream never reads as a whole answer
+                received.extend(lines)
+    # A tiny model may finish all 240 tokens before the kill lands; what must never happen is a cut
+    # stream that reads as a whole answer: [DONE] only after every token.
+    tokens = [line for line in received if line.startswith("data: {")]
+    assert "data: [DONE]" not in received or len(tokens) >= 240, f"[DONE] after {len(tokens)} of 240 tokens"
     wait_for(lambda: not victim.is_running() or victim.status() == psutil.STATUS_ZOMBIE, "the engine to die",
              timeout=30)
     assert ask(stack["worker"], "chat2") == ANSWER  # at once: the request waits for a new engine, no 503

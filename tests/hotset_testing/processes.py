@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Sequence
 
 import httpx
+import psutil
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -64,6 +65,18 @@ def free_ports(count: int) -> list[int]:
             if len(ports) == count:
                 return ports
     raise RuntimeError(f"no {count} free ports in {low}-{high} on 127.0.0.1")
+
+
+def exited(process: psutil.Process) -> bool:
+    """Whether a process has finished exiting (gone, or a zombie its parent has yet to reap).
+
+    A process mid-exit has already dropped its command line while its state still reads running for
+    a few milliseconds; a wait on this check waits through that window.
+    """
+    try:
+        return not process.is_running() or process.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 def free_port() -> int:

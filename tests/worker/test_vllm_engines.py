@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 from hotset_testing.polling import wait_for
-from hotset_testing.processes import REPO
+from hotset_testing.processes import REPO, exited
 from hotset_testing.worker_server import worker_process
 
 sys.path.insert(0, str(REPO / "scripts"))
@@ -93,18 +93,6 @@ def engines(worker: local_stack.Process) -> dict[str, psutil.Process]:
         if str(STANDIN) in argv and child.is_running() and child.status() != psutil.STATUS_ZOMBIE:
             found[argv[argv.index("--served-model-name") + 1]] = child
     return found
-
-
-def exited(engine: psutil.Process) -> bool:
-    """Whether an engine process has finished exiting (gone, or a zombie its parent has yet to reap).
-
-    A process mid-exit has already dropped its command line (so `engines` no longer lists it) while its
-    state still reads running for a few milliseconds; the check waits through that window.
-    """
-    try:
-        return not engine.is_running() or engine.status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
 
 
 def engine_state(process: psutil.Process) -> dict:

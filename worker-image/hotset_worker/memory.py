@@ -16,6 +16,7 @@ background thread, at most once per ``COLLECT_INTERVAL_S``, and cheap because
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import functools
@@ -31,6 +32,25 @@ import psutil
 def process_rss_bytes() -> int:
     """Resident memory of this process now."""
     return psutil.Process().memory_info().rss
+
+
+def process_tree_bytes(pid: int) -> int:
+    """Memory a process and every process under it hold: the sum of their proportional set sizes
+    (shared pages counted once across them), resident size where PSS cannot be read; 0 when the
+    process is gone. What a server of several processes (a vLLM engine) costs its host."""
+    try:
+        root = psutil.Process(pid)
+        processes = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return 0
+    total = 0
+    for process in processes:
+        try:
+            total += process.memory_full_info().pss
+        except (psutil.Error, AttributeError):
+            with contextlib.suppress(psutil.Error):
+                total += process.memory_info().rss
+    return total
 
 
 def module_bytes(module: Any) -> int:

@@ -72,6 +72,7 @@ import aiohttp
 
 from hotset_common import errors
 from hotset_common.spec import Framework, ModelSpec
+from hotset_worker import memory
 
 log = logging.getLogger(__name__)
 
@@ -169,24 +170,9 @@ class Engine:
         return self.process.poll() is None
 
     def resident_bytes(self) -> int:
-        """Host memory the whole engine holds: the proportional set size of its API server and every
-        process under it (engine core, compute worker), 0 when it cannot be read. On CPU that is what
-        the engine costs the pod, beyond the share its compute process was given for weights and KV cache."""
-        import psutil
-
-        total = 0
-        try:
-            root = psutil.Process(self.pid)
-            processes = [root, *root.children(recursive=True)]
-        except psutil.Error:
-            return 0
-        for process in processes:
-            try:
-                total += process.memory_full_info().pss
-            except (psutil.Error, AttributeError):
-                with contextlib.suppress(psutil.Error):
-                    total += process.memory_info().rss
-        return total
+        """Host memory the whole engine holds (its API server, engine core and compute process): on
+        CPU what the engine costs the pod, beyond the share its compute process was given."""
+        return memory.process_tree_bytes(self.pid)
 
     def log_tail(self) -> str:
         """Its last lines; once it has exited, all of them (its output is read to the end first)."""

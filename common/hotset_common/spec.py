@@ -45,6 +45,26 @@ class Placement(str, enum.Enum):
     DEDICATED = "dedicated"
 
 
+class LatencyClass(str, enum.Enum):
+    """How a model's callers wait (seed 002): ``realtime`` callers are people or services in a
+    request path, ``batch`` callers are jobs that care about throughput. A worker pod serves one
+    side at a time: a realtime model never shares a pod with a batch model (the router places
+    them apart, and a worker evicts the other side's copies before it loads one), so a flood of
+    batch work cannot take a realtime model's cores. ``standard`` goes with either. On a pod,
+    realtime requests waiting for room are admitted before all others."""
+
+    REALTIME = "realtime"
+    STANDARD = "standard"
+    BATCH = "batch"
+
+    def excludes(self) -> "LatencyClass | None":
+        """The class whose copies may not be on the same pod as this one's, if any."""
+        return _EXCLUDED.get(self)
+
+
+_EXCLUDED = {LatencyClass.REALTIME: LatencyClass.BATCH, LatencyClass.BATCH: LatencyClass.REALTIME}
+
+
 SOURCE_SCHEMES = source_locations.SCHEMES
 
 # Bounds the CRD's schema states too (tests/operator/test_crd_matches_spec.py checks they agree).
@@ -276,6 +296,7 @@ class ModelSpec(BaseModel):
     memory_bytes: int = Field(0, ge=0, alias="memory", description="estimate; the measured size after load wins")
     replicas: Replicas = Field(default_factory=Replicas)
     placement: Placement = Placement.SHARED
+    latency_class: LatencyClass = Field(LatencyClass.STANDARD, alias="latencyClass")
     pinned: bool = False
     # Per-model limits the worker enforces around inference: at most `max_concurrency` requests of
     # this model run at once (the rest wait in a bounded queue: 429 when it is full, 503 past their

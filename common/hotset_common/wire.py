@@ -13,7 +13,7 @@ from typing import Any, Mapping, NamedTuple
 from pydantic import BaseModel, Field
 
 from hotset_common import errors
-from hotset_common.spec import MAX_MODEL_ID
+from hotset_common.spec import MAX_MODEL_ID, LatencyClass
 
 # A caller's time budget for one request, in seconds (decimal): how long a worker may let it wait
 # for room and for its model's load. The router sends what is left of its own request timeout.
@@ -189,6 +189,7 @@ class CatalogEntry(BaseModel):
     base_model: str = ""  # a LoRA adapter: the model it runs on (routed to where that model is loaded)
     canary: str = ""  # the id of this model's canary version (spec.rollout.canary), if it has one
     canary_weight: int = 0  # the percent of this model's requests the router sends to it
+    latency_class: LatencyClass = LatencyClass.STANDARD  # the router keeps realtime and batch models on separate pods
 
     def metadata(self) -> ModelMetadata:
         return ModelMetadata(id=self.id, name=self.name or self.id, type=self.type, framework=self.framework,

@@ -42,6 +42,7 @@ import time
 from typing import Callable, Iterable
 
 from hotset_common.eviction import DEFAULT_HALF_LIFE_S, Candidate
+from hotset_common.spec import LatencyClass
 from hotset_common.wire import CatalogEntry, CopyState, ModelCopy, WorkerStatus
 
 HELD_STATES = (CopyState.READY, CopyState.LOADING, CopyState.UNLOADING)
@@ -132,6 +133,7 @@ class ModelMap:
         self._by_model: dict[str, dict[str, CopyView]] = {}  # model -> url -> the copy shown
         self._catalog_pods: dict[str, set[str]] = {}  # model -> urls whose catalog lists it
         self._canaries: dict[str, dict[str, tuple[str, int]]] = {}  # model -> url -> its canary (rare)
+        self._classes: dict[LatencyClass, set[str]] = {}  # realtime and batch models (standard ones are not kept)
         self._multi: set[str] = set()  # models shown on two pods or more (extra copies may go)
         self._busy: set[str] = set()  # models whose workers report requests in flight or waiting on them
         # What the router learned itself, per pod: url -> model -> ...
@@ -236,6 +238,7 @@ class ModelMap:
             self._catalog_pods.setdefault(entry.id, set()).add(pod.url)
             self._changed.add(entry.id)
         pod.catalog[entry.id] = entry.memory_bytes
+        self._note_class(entry.id, entry.latency_class)
         if entry.canary:
             pod.canaries[entry.id] = (entry.canary, entry.canary_weight)
             self._canaries.setdefault(entry.id, {})[pod.url] = (entry.canary, entry.canary_weight)
@@ -250,9 +253,32 @@ class ModelMap:
             urls.discard(pod.url)
             if not urls:
                 del self._catalog_pods[model]
+                self._note_class(model, LatencyClass.STANDARD)
         if pod.canaries.pop(model, None) is not None:
             self._drop_canary(pod.url, model)
         self._changed.add(model)
+
+    def _note_class(self, model: str, latency_class: LatencyClass) -> None:
+        for latency, models in self._classes.items():
+            if latency is not latency_class:
+                models.discard(model)
+        if latency_class is not LatencyClass.STANDARD:
+            self._classes.setdefault(latency_class, set()).add(model)
+
+    def latency_class(self, model: str) -> LatencyClass:
+        """`model`'s latency class, as the workers' catalogs say."""
+        return next((latency for latency, models in self._classes.items() if model in models), LatencyClass.STANDARD)
+
+    def pods_excluded_for(self, model: str) -> set[str]:
+        """Pods holding (or loading, or about to load for this router) a copy of the latency class
+        `model`'s may not share a pod with. Reads only the copies of that class's models."""
+        excluded = self.latency_class(model).excludes()
+        urls: set[str] = set()
+        for other in self._classes.get(excluded, ()) if excluded is not None else ():
+            urls.update(url for url, copy in self._by_model.get(other, {}).items()
+                        if copy.state in (CopyState.READY, CopyState.LOADING))
+            urls.update(self._reserving.get(other, ()))
+        return urls
 
     def _drop_canary(self, url: str, model: str) -> None:
         by_pod = self._canaries.get(model, {})

@@ -8,7 +8,8 @@
   arriving meanwhile join it.
 - A canary takes its weight's share of a model's requests (``with_variant``).
 - Which pods may receive a new copy is ``eligible`` (dedicated pools,
-  draining pods).
+  draining pods); a realtime model goes to a pod without batch copies (and
+  the reverse) whenever one can take it (``LatencyClass``).
 
 Everything here reads the map by model: choosing a copy touches that
 model's copies and nothing else; placing one reads the room of the pods
@@ -141,13 +142,13 @@ class Targets:
         need = self.model_map.estimated_bytes(model)
         capable = [p.url for p in self.model_map.pods_with_catalog(model)
                    if p.url not in exclude and self.eligible(model, p.url)]
-        decision = self._best_fit(model, need, capable, holders)
-        if decision is None:  # no room anywhere as things are: plan evictions (reads every copy there)
-            rooms = placement.rooms_from_map(self.model_map, capable)
-            if holders:
-                decision = placement.place_replica(model, need, rooms, holders, self.placement_settings)
-            else:
-                decision = placement.place_cold(model, need, rooms, self.placement_settings)
+        decision = None
+        excluded = self.model_map.pods_excluded_for(model)
+        if excluded:  # a realtime model and a batch model share no pod: pods apart from the other side first
+            apart = [url for url in capable if url not in excluded]
+            decision = self._decide(model, need, apart, holders) if apart else None
+        if decision is None:  # there, the worker evicts the other side's copies before it loads this one
+            decision = self._decide(model, need, capable, holders)
         if decision is None:
             if not capable:
                 raise errors.NoCapacity(f"no ready worker pod can take {model!r} now", self.retry_after_s)
@@ -155,6 +156,16 @@ class Targets:
                 f"no worker pod has room for {model!r} ({format_bytes(need)}) even with every unpinned model evicted",
                 self.retry_after_s,
             )
+        return decision
+
+    def _decide(self, model: str, need: int, urls: list[str], holders: tuple[str, ...] | list[str]) -> placement.Decision | None:
+        decision = self._best_fit(model, need, urls, holders)
+        if decision is None:  # no room anywhere as things are: plan evictions (reads every copy there)
+            rooms = placement.rooms_from_map(self.model_map, urls)
+            if holders:
+                decision = placement.place_replica(model, need, rooms, holders, self.placement_settings)
+            else:
+                decision = placement.place_cold(model, need, rooms, self.placement_settings)
         return decision
 
     def _best_fit(self, model: str, need: int, capable: list[str], holders: tuple[str, ...] | list[str]) -> placement.Decision | None:

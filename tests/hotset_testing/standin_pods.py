@@ -36,6 +36,7 @@ import msgspec
 from aiohttp import web
 
 from hotset_common import errors, wire
+from hotset_common.spec import LatencyClass
 from hotset_common.eviction import DEFAULT_HALF_LIFE_S, DecayedCount, EvictionPolicy
 from hotset_worker import status_report
 from hotset_worker.changes import ChangeFeed
@@ -60,6 +61,7 @@ class _Spec:
     description: str = ""
     base_model: str = ""
     pinned: bool = False
+    latency_class: LatencyClass = LatencyClass.STANDARD
 
     def canary_variant(self) -> None:
         return None

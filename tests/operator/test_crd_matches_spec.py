@@ -6,7 +6,7 @@ from pathlib import Path
 import yaml
 
 from hotset_common import spec as spec_module
-from hotset_common.spec import Framework, ModelSpec, Placement, Task
+from hotset_common.spec import Framework, LatencyClass, ModelSpec, Placement, Task
 
 CRD = Path(__file__).resolve().parents[2] / "crds" / "servedmodel.yaml"
 
@@ -48,6 +48,7 @@ def test_enums_agree() -> None:
     assert props["framework"]["enum"] == [f.value for f in Framework]
     assert props["task"]["enum"] == [t.value for t in Task]
     assert props["placement"]["enum"] == [p.value for p in Placement]
+    assert props["latencyClass"]["enum"] == [c.value for c in LatencyClass]
 
 
 def test_defaults_agree() -> None:
@@ -55,6 +56,7 @@ def test_defaults_agree() -> None:
     defaults = ModelSpec(id="m", framework="triton", source="file:///m")
     assert props["task"]["default"] == defaults.task.value
     assert props["placement"]["default"] == defaults.placement.value
+    assert props["latencyClass"]["default"] == defaults.latency_class.value
     assert props["version"]["default"] == defaults.version
     assert props["replicas"]["default"] == defaults.replicas.model_dump(by_alias=True)
     replicas = props["replicas"]["properties"]
@@ -77,6 +79,7 @@ def test_status_and_printer_columns() -> None:
     assert {"conditions", "readyReplicas", "copies", "observedGeneration"} <= set(status)
     columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
     assert columns["Framework"] == ".spec.framework"
+    assert columns["Class"] == ".spec.latencyClass"
     assert columns["Ready"] == ".status.readyReplicas"
     assert columns["Age"] == ".metadata.creationTimestamp"
 

@@ -29,6 +29,7 @@ def _without(field: str) -> dict:
     (served_model("bad-digest", source={"uri": "https://example.com/m.tar.gz", "sha256": "abc"}), "spec.source.sha256",
      "should match"),
     (served_model("bad-memory", memory="lots"), "spec.memory", "should match"),
+    (served_model("bad-class", latencyClass="urgent"), "spec.latencyClass", 'Unsupported value: "urgent"'),
 ])
 def test_api_server_refuses_what_the_schema_forbids(cluster: Cluster, manifest: dict, field: str, words: str) -> None:
     result = cluster.apply(manifest, check=False)

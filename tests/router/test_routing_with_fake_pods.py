@@ -25,10 +25,11 @@ MiB = 2**20
 
 
 class FakePod:
-    def __init__(self, url: str, budget: int, catalog: dict[str, int]) -> None:
+    def __init__(self, url: str, budget: int, catalog: dict[str, int], classes: dict[str, str] | None = None) -> None:
         self.url = url
         self.budget = budget
         self.catalog = catalog
+        self.classes = classes or {}  # model -> latency class, as its spec says (default standard)
         self.loaded: dict[str, int] = {}
         self.loads: list[str] = []
         self.served: list[str] = []
@@ -41,7 +42,8 @@ class FakePod:
             pod=self.url.removeprefix("http://"), ready=True, triton_ready=True, memory_budget_bytes=self.budget,
             used_bytes=used, free_bytes=self.budget - used,
             models=[ModelCopy(id=m, framework="torchvision", state=CopyState.READY, bytes=b, loaded_at_s=999) for m, b in self.loaded.items()],
-            catalog=[CatalogEntry(id=m, framework="torchvision", memory_bytes=b) for m, b in self.catalog.items()],
+            catalog=[CatalogEntry(id=m, framework="torchvision", memory_bytes=b, latency_class=self.classes.get(m, "standard"))
+                     for m, b in self.catalog.items()],
         )
 
 
@@ -139,6 +141,44 @@ async def test_cold_model_lands_on_the_best_fitting_pod():
     await router.sync.refresh_all()
     await router.forward("b", "POST", "/predict", predict_body("b"), {})
     assert tight.loads == ["b"] and roomy.loads == []
+
+
+CLASSES = {"rt": "realtime", "job": "batch", "job2": "batch"}
+CLASSED = {"rt": 100 * MiB, "job": 100 * MiB, "job2": 100 * MiB, "plain": 100 * MiB}
+
+
+async def test_a_realtime_model_goes_to_a_pod_without_batch_copies_even_where_batch_copies_fit_it_better():
+    busy, roomy = FakePod("http://busy", 1000 * MiB, CLASSED, CLASSES), FakePod("http://roomy", 2000 * MiB, CLASSED, CLASSES)
+    busy.loaded["job"] = 100 * MiB  # best fit alone would choose busy (900 MiB free vs 2000)
+    router, model_map, _ = build([busy, roomy])
+    await router.sync.refresh_all()
+    assert model_map.latency_class("rt").value == "realtime"
+    await router.forward("rt", "POST", "/predict", predict_body("rt"), {})
+    assert roomy.loads == ["rt"] and busy.loads == []
+    # and the reverse: the second batch model joins the first, away from the realtime copy
+    await router.sync.refresh_all()
+    await router.forward("job2", "POST", "/predict", predict_body("job2"), {})
+    assert busy.loads == ["job2"] and roomy.loads == ["rt"]
+
+
+async def test_standard_models_still_pack_beside_either_side():
+    with_rt, with_job = FakePod("http://rt", 1000 * MiB, CLASSED, CLASSES), FakePod("http://job", 2000 * MiB, CLASSED, CLASSES)
+    with_rt.loaded["rt"] = 100 * MiB
+    with_job.loaded["job"] = 100 * MiB
+    router, _, _ = build([with_rt, with_job])
+    await router.sync.refresh_all()
+    await router.forward("plain", "POST", "/predict", predict_body("plain"), {})
+    assert with_rt.loads == ["plain"]  # plain best fit: the tighter pod, whatever its class
+
+
+async def test_with_every_pod_holding_batch_copies_a_realtime_model_is_still_served():
+    only = FakePod("http://only", 1000 * MiB, CLASSED, CLASSES)
+    only.loaded["job"] = 100 * MiB
+    router, _, _ = build([only])
+    await router.sync.refresh_all()
+    # the worker evicts the batch copy before it loads (tests/worker/test_latency_classes.py)
+    assert (await router.forward("rt", "POST", "/predict", predict_body("rt"), {})).status_code == 200
+    assert only.loads == ["rt"]
 
 
 async def test_a_dead_pod_is_skipped_and_leaves_the_map():

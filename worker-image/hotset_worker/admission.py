@@ -1,4 +1,5 @@
-"""The admission queue: requests whose model has no copy and no room yet, first come first served.
+"""The admission queue: requests whose model has no copy and no room yet, first come first served,
+realtime models first (``LatencyClass``: their callers are waiting in a request path).
 
 Requests for the same model share one place (a ``Ticket``): when room frees
 up, the model at the head is loaded once for all of them. The queue is
@@ -12,7 +13,7 @@ import asyncio
 from dataclasses import dataclass
 
 from hotset_common import errors
-from hotset_common.spec import ModelSpec
+from hotset_common.spec import LatencyClass, ModelSpec
 from hotset_worker.copy_table import Copy
 
 
@@ -33,6 +34,7 @@ class AdmissionQueue:
         self.max_requests = max_requests
         self.tickets: dict[str, Ticket] = {}  # insertion order is arrival order
         self.requests = 0
+        self._realtime = 0  # tickets of realtime models (the head is the oldest of them, if any)
 
     def __bool__(self) -> bool:
         return bool(self.tickets)
@@ -48,6 +50,7 @@ class AdmissionQueue:
         ticket = self.tickets.get(spec.id)
         if ticket is None:
             ticket = self.tickets[spec.id] = Ticket(spec, asyncio.get_running_loop().create_future(), since=now)
+            self._realtime += _is_realtime(ticket)
         ticket.waiters += 1
         self.requests += 1
         return ticket
@@ -57,21 +60,28 @@ class AdmissionQueue:
         ticket.waiters -= 1
         self.requests -= 1
         if ticket.waiters == 0 and self.tickets.get(ticket.spec.id) is ticket:
-            del self.tickets[ticket.spec.id]  # nobody waits any more: its load is not started
+            self._remove(ticket)  # nobody waits any more: its load is not started
 
     def head(self) -> Ticket | None:
+        """The ticket admitted next: the oldest realtime one, else the oldest."""
+        if self._realtime:
+            return next(t for t in self.tickets.values() if _is_realtime(t))
         return next(iter(self.tickets.values()), None)
 
     def admit(self, ticket: Ticket, copy: Copy) -> None:
         """The head's load started (or its copy exists): its requests go to `copy`."""
-        del self.tickets[ticket.spec.id]
+        self._remove(ticket)
         copy.queued += ticket.waiters
         ticket.admitted.set_result(copy)
 
     def refuse(self, ticket: Ticket, error: errors.HotsetError) -> None:
         """The head can never be admitted as things are (a load that backs off, a model too large)."""
-        del self.tickets[ticket.spec.id]
+        self._remove(ticket)
         _fail(ticket.admitted, error)
+
+    def _remove(self, ticket: Ticket) -> None:
+        del self.tickets[ticket.spec.id]
+        self._realtime -= _is_realtime(ticket)
 
     def waiting(self, now: float) -> list[tuple[str, int, float]]:
         """(model, requests, seconds its first request has waited), in arrival order."""
@@ -82,6 +92,11 @@ class AdmissionQueue:
             if not ticket.admitted.done():
                 _fail(ticket.admitted, error)
         self.tickets.clear()
+        self._realtime = 0
+
+
+def _is_realtime(ticket: Ticket) -> bool:
+    return ticket.spec.latency_class is LatencyClass.REALTIME
 
 
 def _fail(future: asyncio.Future, error: BaseException) -> None:

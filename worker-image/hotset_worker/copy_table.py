@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator, Sequence
 
 from hotset_common import errors
 from hotset_common.eviction import Candidate, DecayedCount, EvictionPolicy, choose_victims
@@ -184,9 +184,12 @@ class CopyTable:
         )
 
     def victims(self, extra_bytes: int, extra_slots: int, exclude: str | None,
-                count_unloading: bool, count_excluded: bool = True) -> list[Candidate] | None:
+                count_unloading: bool, count_excluded: bool = True,
+                forced: Sequence[Candidate] = ()) -> list[Candidate] | None:
         """Copies to evict so that everything counted plus the extra fits; None when impossible now.
-        `exclude` is never a victim (and with `count_excluded=False` not counted either).
+        `exclude` is never a victim (and with `count_excluded=False` not counted either); `forced`
+        go whatever room they free (copies of a latency class the load may not share the pod with),
+        and the policy chooses the rest.
 
         A new load (`count_unloading`) waits for copies being unloaded to be gone: their memory is
         not free yet. A finished load does not count them again (their memory is the room of
@@ -196,9 +199,29 @@ class CopyTable:
                    and (count_excluded or copy.model_id != exclude or copy.replaces is not None)]
         bytes_needed = sum(copy.bytes for copy in counted) + extra_bytes - self.memory_budget
         slots_needed = len(counted) + extra_slots - self.max_models if self.max_models else 0
+        bytes_needed -= sum(victim.bytes for victim in forced)
+        slots_needed -= len(forced)
         if bytes_needed <= 0 and slots_needed <= 0:
+            return list(forced)
+        going = {victim.model_id for victim in forced}
+        rest = choose_victims(self.policy, [c for c in self._candidates(exclude) if c.model_id not in going],
+                              bytes_needed, slots_needed)
+        return None if rest is None else [*forced, *rest]
+
+    def class_conflicts(self, spec: ModelSpec) -> list[Copy]:
+        """Copies `spec` may not share this pod with (``LatencyClass.excludes``), unless already leaving."""
+        excluded = spec.latency_class.excludes()
+        if excluded is None:
             return []
-        return choose_victims(self.policy, self._candidates(exclude), bytes_needed, slots_needed)
+        return [copy for key, copy in self.copies.items()
+                if copy.spec.latency_class is excluded and copy.state is not CopyState.UNLOADING and key != spec.id]
+
+    def evictable_now(self, copies: Iterable[Copy]) -> list[Candidate] | None:
+        """`copies` as victims, if every one may be evicted now (ready, unpinned, not promised to
+        another load, nobody waiting for it); None if any may not yet."""
+        ids = {copy.model_id for copy in copies}
+        found = [c for c in self._candidates(None) if c.model_id in ids and c.queued == 0]
+        return found if len(found) == len(ids) else None
 
     def held_bytes(self, unloading: bool) -> int:
         """Bytes every copy holds now (promised victims and a rollout's old copy included), with or

@@ -703,7 +703,11 @@ class ModelManager:
                 f"model {spec.id!r} needs about {format_bytes(estimate)}, more than this worker's whole "
                 f"memory budget of {format_bytes(self.memory_budget)}; nothing was evicted"
             )
-        victims = self.table.victims(extra_bytes=estimate, extra_slots=1, exclude=None, count_unloading=True)
+        forced = self._other_class_victims(spec)
+        if forced is None:
+            return None
+        victims = self.table.victims(extra_bytes=estimate, extra_slots=1, exclude=None, count_unloading=True,
+                                     forced=forced)
         if victims is None:
             return None
         copy = self.table.start_load(spec, estimate, victims, asyncio.get_running_loop().create_future())
@@ -711,6 +715,23 @@ class ModelManager:
         self._spawn(self._run_load(copy))
         self._observer.memory_used(self.used_bytes())
         return copy
+
+    def _other_class_victims(self, spec: ModelSpec) -> list[Candidate] | None:
+        """The copies that must leave before `spec` loads because their latency class may not share
+        a pod with its (``LatencyClass``): [] when none, None when one may not leave yet (loading,
+        or requests wait for it: they are served first); refused when one is pinned here."""
+        conflicts = self.table.class_conflicts(spec)
+        if not conflicts:
+            return []
+        pinned = sorted(c.model_id for c in conflicts if self.is_pinned(c.model_id))
+        if pinned:
+            excluded = spec.latency_class.excludes()
+            raise errors.NoCapacity(
+                f"model {spec.id!r} is {spec.latency_class.value}: it never shares a worker pod with "
+                f"{excluded.value if excluded else ''} models, and this pod holds the pinned "
+                f"{excluded.value if excluded else ''} model(s) {', '.join(pinned[:3])}; it is served on another pod"
+            )
+        return self.table.evictable_now(conflicts)
 
     async def _run_load(self, copy: Copy) -> None:
         spec = copy.spec
@@ -869,6 +890,11 @@ class ModelManager:
                                          count_excluded=False) or []
         for victim in victims:
             self._begin_unload(self.table.copies[victim.model_id], evicted=True)
+        for other in self.table.class_conflicts(spec):  # promised to this load at its start: they go now
+            if other.state is CopyState.READY and not self.is_pinned(other.model_id):
+                log.info("evicting %s: a %s model never shares a pod with the %s model %s", other.model_id,
+                         other.spec.latency_class.value, spec.latency_class.value, spec.id)
+                self._begin_unload(other, evicted=True)
         return None
 
     def _worth_less_than(self, copy: Copy, victims: list[Candidate], now: float) -> bool:

@@ -355,4 +355,5 @@ def catalog_entry(spec: ModelSpec, known_bytes: int) -> wire.CatalogEntry:
     return wire.CatalogEntry(id=spec.id, framework=spec.framework.value, memory_bytes=known_bytes,
                              name=spec.name, type=spec.task.value, version=spec.version, description=spec.description,
                              base_model=spec.base_model, canary=canary.id if canary else "",
-                             canary_weight=canary.variant_weight if canary else 0)
+                             canary_weight=canary.variant_weight if canary else 0,
+                             latency_class=spec.latency_class)

@@ -70,6 +70,7 @@ SOURCE_SCHEMES = source_locations.SCHEMES
 # Bounds the CRD's schema states too (tests/operator/test_crd_matches_spec.py checks they agree).
 MAX_CONCURRENCY = 1024
 MAX_TIMEOUT_SECONDS = 3600
+MAX_LOAD_TIMEOUT_SECONDS = 86400  # a day: the largest models, from the slowest stores
 MAX_DESCRIPTION = 1024
 MAX_LABELS = 32
 MAX_LABEL_KEY = 63
@@ -303,6 +304,10 @@ class ModelSpec(BaseModel):
     # deadline); `timeout_seconds` caps every request's deadline (queue, load and inference).
     max_concurrency: int | None = Field(None, ge=1, le=MAX_CONCURRENCY, alias="maxConcurrency")
     timeout_seconds: float | None = Field(None, gt=0, le=MAX_TIMEOUT_SECONDS, alias="timeoutSeconds")
+    # How long one load of this model may take (fetching its source, starting its engine, and for a
+    # dedicated group's pods the start-up probe), in place of the pools' one value (seed 002:
+    # large models load slowly). None: the worker's --load-timeout-s and the router's --load-timeout.
+    load_timeout_seconds: float | None = Field(None, gt=0, le=MAX_LOAD_TIMEOUT_SECONDS, alias="loadTimeoutSeconds")
     warmup: list[Any] = Field(default_factory=list)
     batching: Batching | None = None
     # A LoRA adapter names the model it runs on (same framework): it loads into that model's engine,
@@ -357,6 +362,10 @@ class ModelSpec(BaseModel):
         if not self.name:
             self.name = self.id
         return self
+
+    def load_timeout_s(self, default: float) -> float:
+        """Seconds one load of this model may take: its own ``loadTimeoutSeconds``, else `default`."""
+        return self.load_timeout_seconds if self.load_timeout_seconds is not None else default
 
     def batch_limits(self) -> tuple[int, float]:
         """(max rows per forward pass, max milliseconds the oldest request waits); (1, 0): unbatched."""

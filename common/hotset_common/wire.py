@@ -190,6 +190,7 @@ class CatalogEntry(BaseModel):
     canary: str = ""  # the id of this model's canary version (spec.rollout.canary), if it has one
     canary_weight: int = 0  # the percent of this model's requests the router sends to it
     latency_class: LatencyClass = LatencyClass.STANDARD  # the router keeps realtime and batch models on separate pods
+    load_timeout_s: float = 0.0  # the spec's loadTimeoutSeconds: how long the router waits on a load of it; 0: its own
 
     def metadata(self) -> ModelMetadata:
         return ModelMetadata(id=self.id, name=self.name or self.id, type=self.type, framework=self.framework,

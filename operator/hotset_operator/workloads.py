@@ -30,6 +30,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import math
 from typing import Any, Iterable, Mapping, Sequence
 
 import pydantic
@@ -141,6 +142,10 @@ def worker_labels(dedicated_to: str | None = None) -> dict[str, str]:
     return {labels.PART_OF: labels.PROJECT, labels.COMPONENT: labels.WORKER, **labels.pool_labels(dedicated_to)}
 
 
+STARTUP_PROBE_PERIOD_S = 5
+STARTUP_MARGIN_S = 60  # a worker's own start before its pinned load begins (imports, the sidecar)
+
+
 def _http_probe(path: str, period: int, failures: int) -> dict[str, Any]:
     return {"httpGet": {"path": path, "port": "http"}, "periodSeconds": period,
             "timeoutSeconds": 3, "failureThreshold": failures}
@@ -234,11 +239,21 @@ def source_volumes(config: OperatorConfig, images: Sequence[locations.OciImage])
     return volumes
 
 
+def startup_probe_failures(config: OperatorConfig, load_timeout_s: float | None) -> int:
+    """Start-up probes (every STARTUP_PROBE_PERIOD_S) a worker pod may fail before the kubelet
+    restarts it: the chart's value, or for a group pinning a model that declares
+    ``loadTimeoutSeconds`` that long plus STARTUP_MARGIN_S for the worker's own start."""
+    if load_timeout_s is None:
+        return config.startup_probe_failure_threshold
+    return math.ceil((load_timeout_s + STARTUP_MARGIN_S) / STARTUP_PROBE_PERIOD_S)
+
+
 def build_worker_container(config: OperatorConfig, pinned: Sequence[str], namespace: str | None = None,
                            dedicated_to: str | None = None, images: Sequence[locations.OciImage] = (),
-                           triton: bool = True) -> dict[str, Any]:
+                           triton: bool = True, load_timeout_s: float | None = None) -> dict[str, Any]:
     """The worker: readiness = pinned models loaded and serving (a pinned Triton model needs its
-    sidecar); liveness never depends on a model. `triton`: whether the pod has the sidecar."""
+    sidecar); liveness never depends on a model. `triton`: whether the pod has the sidecar;
+    `load_timeout_s`: the pinned model's own ``loadTimeoutSeconds`` (its start-up probe waits that long)."""
     env = [
         {"name": "HOTSET_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": "HOTSET_HOST", "value": "0.0.0.0"},
@@ -282,7 +297,8 @@ def build_worker_container(config: OperatorConfig, pinned: Sequence[str], namesp
         "readinessProbe": _http_probe("/v2/health/ready", period=5, failures=3),
         "livenessProbe": _http_probe("/v2/health/live", period=10, failures=6),
         # Pinned loads can take minutes: liveness and readiness wait until this passes once.
-        "startupProbe": _http_probe("/v2/health/ready", period=5, failures=config.startup_probe_failure_threshold),
+        "startupProbe": _http_probe("/v2/health/ready", period=STARTUP_PROBE_PERIOD_S,
+                                    failures=startup_probe_failures(config, load_timeout_s)),
         "resources": _resources(config, config.worker_cpu, config.worker_memory, config.gpus_per_pod),
         "securityContext": _container_security(),
         "volumeMounts": mounts,
@@ -336,7 +352,7 @@ def shared_memory_volume(config: OperatorConfig) -> list[dict[str, Any]]:
 def build_worker_pod_template(config: OperatorConfig, dedicated_to: str | None, pinned: Sequence[str],
                               annotations: dict[str, str] | None = None, namespace: str | None = None,
                               images: Sequence[locations.OciImage] = (), scheduling: Scheduling | None = None,
-                              triton: bool = True) -> dict[str, Any]:
+                              triton: bool = True, load_timeout_s: float | None = None) -> dict[str, Any]:
     """A worker pod: the worker (and, with `triton`, the Triton sidecar sharing /models), non-root,
     GPUs from the settings, placed by `scheduling` over the chart's workers.scheduling.
 
@@ -362,7 +378,7 @@ def build_worker_pod_template(config: OperatorConfig, dedicated_to: str | None, 
             "terminationGracePeriodSeconds": 60,
             "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS_USER, "runAsGroup": RUN_AS_USER,
                                 "fsGroup": RUN_AS_USER, "seccompProfile": {"type": "RuntimeDefault"}},
-            "containers": [build_worker_container(config, pinned, namespace, dedicated_to, images, triton),
+            "containers": [build_worker_container(config, pinned, namespace, dedicated_to, images, triton, load_timeout_s),
                            *([build_triton_container(config, images)] if triton else [])],
             "volumes": volumes,
             **(scheduling or Scheduling()).over(config.worker_scheduling).pod_fields(),
@@ -407,7 +423,8 @@ def build_dedicated_deployment(spec: ModelSpec, body: dict[str, Any], config: Op
     template = build_worker_pod_template(config, dedicated_to=spec.id, pinned=[spec.id],
                                          annotations={SPEC_HASH: spec_hash(spec)}, namespace=namespace,
                                          images=oci_images([spec]), scheduling=spec.scheduling,
-                                         triton=dedicated_has_triton_sidecar(config, spec))
+                                         triton=dedicated_has_triton_sidecar(config, spec),
+                                         load_timeout_s=spec.load_timeout_seconds)
     deployment = _deployment(dedicated_name(spec.id), namespace, spec.id, replicas or 0, template)
     if replicas is None:
         del deployment["spec"]["replicas"]

@@ -58,7 +58,9 @@ class Loads:
         if urls:
             return urls
         self.targets.check_known(model)
-        deadline = deadline if deadline is not None else self.deadlines.deadline()
+        if deadline is None:  # a load outside a request (minimum copies): as long as the model's loads may take
+            own = self.model_map.load_timeout_s(model)
+            deadline = self.deadlines.deadline() if own is None else asyncio.get_running_loop().time() + own
         future = self.in_flight.get(model)
         if future is None:
             future = asyncio.ensure_future(self._load_cold(model, self.deadlines.time_left(deadline)))
@@ -86,7 +88,7 @@ class Loads:
             return None
         for url in self.model_map.loading_copies(model):  # another router is loading it: join that load
             try:
-                await self.client.load(url, model, time_left(deadline))
+                await self.client.load(url, model, time_left(deadline), self.model_map.load_timeout_s(model))
                 self.model_map.record_loaded(url, model, self.model_map.estimated_bytes(model))
                 return url
             except PodUnreachable:
@@ -121,7 +123,7 @@ class Loads:
         self.model_map.reserve_load(decision.url, model, need)
         log.info("loading %s on %s (%s; evicts %s)", model, decision.url, decision.reason, list(decision.evicts))
         try:
-            await self.client.load(decision.url, model, timeout_s)
+            await self.client.load(decision.url, model, timeout_s, self.model_map.load_timeout_s(model))
         finally:
             self.model_map.release_load(decision.url, model)
         self.model_map.record_loaded(decision.url, model, need)

@@ -134,6 +134,7 @@ class ModelMap:
         self._catalog_pods: dict[str, set[str]] = {}  # model -> urls whose catalog lists it
         self._canaries: dict[str, dict[str, tuple[str, int]]] = {}  # model -> url -> its canary (rare)
         self._classes: dict[LatencyClass, set[str]] = {}  # realtime and batch models (standard ones are not kept)
+        self._load_timeouts: dict[str, float] = {}  # models with a loadTimeoutSeconds of their own
         self._multi: set[str] = set()  # models shown on two pods or more (extra copies may go)
         self._busy: set[str] = set()  # models whose workers report requests in flight or waiting on them
         # What the router learned itself, per pod: url -> model -> ...
@@ -239,6 +240,10 @@ class ModelMap:
             self._changed.add(entry.id)
         pod.catalog[entry.id] = entry.memory_bytes
         self._note_class(entry.id, entry.latency_class)
+        if entry.load_timeout_s > 0:
+            self._load_timeouts[entry.id] = entry.load_timeout_s
+        else:
+            self._load_timeouts.pop(entry.id, None)
         if entry.canary:
             pod.canaries[entry.id] = (entry.canary, entry.canary_weight)
             self._canaries.setdefault(entry.id, {})[pod.url] = (entry.canary, entry.canary_weight)
@@ -254,6 +259,7 @@ class ModelMap:
             if not urls:
                 del self._catalog_pods[model]
                 self._note_class(model, LatencyClass.STANDARD)
+                self._load_timeouts.pop(model, None)
         if pod.canaries.pop(model, None) is not None:
             self._drop_canary(pod.url, model)
         self._changed.add(model)
@@ -268,6 +274,10 @@ class ModelMap:
     def latency_class(self, model: str) -> LatencyClass:
         """`model`'s latency class, as the workers' catalogs say."""
         return next((latency for latency, models in self._classes.items() if model in models), LatencyClass.STANDARD)
+
+    def load_timeout_s(self, model: str) -> float | None:
+        """`model`'s own ``loadTimeoutSeconds``, as the workers' catalogs say; None: the router's."""
+        return self._load_timeouts.get(model)
 
     def pods_excluded_for(self, model: str) -> set[str]:
         """Pods holding (or loading, or about to load for this router) a copy of the latency class

@@ -189,10 +189,12 @@ class WorkerClient:
             raise WorkerError(response.status_code, f"status of {url}: {error_message(response)}")
         return WorkerStatus.model_validate_json(response.content)
 
-    async def load(self, url: str, model: str, timeout_s: float | None = None) -> None:
-        """Load `model` on `url` within the load timeout, or `timeout_s` (a request's time left) if shorter;
-        the worker may wait for room within that budget."""
-        budget = min(timeout_s, self.load_timeout.total or timeout_s) if timeout_s is not None else self.load_timeout.total
+    async def load(self, url: str, model: str, timeout_s: float | None = None, load_timeout_s: float | None = None) -> None:
+        """Load `model` on `url` within the load timeout (`load_timeout_s`, the model's own, else the
+        router's), or `timeout_s` (a request's time left) if shorter; the worker may wait for room
+        within that budget."""
+        cap = load_timeout_s if load_timeout_s is not None else self.load_timeout.total
+        budget = min(timeout_s, cap or timeout_s) if timeout_s is not None else cap
         budget = max(budget or 0.0, 0.001)
         response = await self._send(url, "POST", f"/v2/repository/models/{quote(model, safe='')}/load", aiohttp.ClientTimeout(total=budget),
                                     headers={TIMEOUT_HEADER: f"{budget:.3f}"})

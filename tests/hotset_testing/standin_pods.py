@@ -62,6 +62,7 @@ class _Spec:
     base_model: str = ""
     pinned: bool = False
     latency_class: LatencyClass = LatencyClass.STANDARD
+    load_timeout_seconds: float | None = None
 
     def canary_variant(self) -> None:
         return None

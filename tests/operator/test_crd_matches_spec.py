@@ -99,6 +99,8 @@ def test_limits_and_bounds_agree() -> None:
     assert props["maxConcurrency"]["minimum"] == 1
     assert props["maxConcurrency"]["maximum"] == spec_module.MAX_CONCURRENCY
     assert props["timeoutSeconds"]["maximum"] == spec_module.MAX_TIMEOUT_SECONDS
+    assert props["loadTimeoutSeconds"]["maximum"] == spec_module.MAX_LOAD_TIMEOUT_SECONDS
+    assert props["loadTimeoutSeconds"]["exclusiveMinimum"] is True and props["loadTimeoutSeconds"]["minimum"] == 0
     assert props["description"]["maxLength"] == spec_module.MAX_DESCRIPTION
     assert props["labels"]["maxProperties"] == spec_module.MAX_LABELS
     assert props["labels"]["additionalProperties"]["maxLength"] == spec_module.MAX_LABEL_VALUE

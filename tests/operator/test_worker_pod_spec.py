@@ -62,6 +62,23 @@ def test_probes_readiness_needs_models_liveness_does_not() -> None:
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 600  # ten minutes for slow first loads
 
 
+def test_a_dedicated_group_waits_for_its_models_own_load_timeout_before_restarting_a_pod() -> None:
+    def startup_window_s(spec: ModelSpec) -> int:
+        deployment = workloads.build_dedicated_deployment(spec, _body(), _config())
+        probe = _containers(deployment["spec"]["template"])["hotset-worker"]["startupProbe"]
+        return probe["periodSeconds"] * probe["failureThreshold"]
+
+    default = startup_window_s(_spec())
+    assert default == 5 * _config().startup_probe_failure_threshold  # the chart's value
+    large = _spec().model_copy(update={"load_timeout_seconds": 3600.0})  # an hour to fetch and load
+    assert startup_window_s(large) >= 3600 + 60  # its load, and the worker's own start
+    small = _spec().model_copy(update={"load_timeout_seconds": 30.0})
+    assert 90 <= startup_window_s(small) < default  # a stuck small model is restarted sooner
+    # the pool's pods pin nothing: the chart's value
+    pool = _containers(workloads.build_worker_pod_template(_config(), None, []))["hotset-worker"]["startupProbe"]
+    assert pool["periodSeconds"] * pool["failureThreshold"] == default
+
+
 def test_with_dra_both_containers_share_the_pods_one_gpu_claim() -> None:
     template = workloads.build_worker_pod_template(_config(gpu_mode="dra", gpu_claim_template="gpus"), None, [])
     assert template["spec"]["resourceClaims"] == [{"name": "gpu", "resourceClaimTemplateName": "gpus"}]

@@ -66,7 +66,7 @@ class FakeClient:
         worker.routers[self.router_id] = worker.clock()
         return worker.status()
 
-    async def load(self, url: str, model: str, timeout_s: float | None = None) -> None:
+    async def load(self, url: str, model: str, timeout_s: float | None = None, load_timeout_s: float | None = None) -> None:
         worker = self.workers[url]
         worker.asked_to_load.append((self.router_id, model))
         if model not in worker.copies:

@@ -25,11 +25,14 @@ MiB = 2**20
 
 
 class FakePod:
-    def __init__(self, url: str, budget: int, catalog: dict[str, int], classes: dict[str, str] | None = None) -> None:
+    def __init__(self, url: str, budget: int, catalog: dict[str, int], classes: dict[str, str] | None = None,
+                 load_timeouts: dict[str, float] | None = None) -> None:
         self.url = url
         self.budget = budget
         self.catalog = catalog
         self.classes = classes or {}  # model -> latency class, as its spec says (default standard)
+        self.load_timeouts = load_timeouts or {}  # model -> its spec's loadTimeoutSeconds
+        self.load_budgets: list[tuple[str, float | None, float | None]] = []  # (model, timeout_s, load_timeout_s) asked
         self.loaded: dict[str, int] = {}
         self.loads: list[str] = []
         self.served: list[str] = []
@@ -42,7 +45,8 @@ class FakePod:
             pod=self.url.removeprefix("http://"), ready=True, triton_ready=True, memory_budget_bytes=self.budget,
             used_bytes=used, free_bytes=self.budget - used,
             models=[ModelCopy(id=m, framework="torchvision", state=CopyState.READY, bytes=b, loaded_at_s=999) for m, b in self.loaded.items()],
-            catalog=[CatalogEntry(id=m, framework="torchvision", memory_bytes=b, latency_class=self.classes.get(m, "standard"))
+            catalog=[CatalogEntry(id=m, framework="torchvision", memory_bytes=b, latency_class=self.classes.get(m, "standard"),
+                                  load_timeout_s=self.load_timeouts.get(m, 0.0))
                      for m, b in self.catalog.items()],
         )
 
@@ -64,9 +68,10 @@ class FakeClient:
     async def status(self, url: str, since: str | None = None, limit: int | None = None) -> WorkerStatus:
         return self._pod(url).status()  # always whole, as a worker that does not page answers
 
-    async def load(self, url: str, model: str, timeout_s: float | None = None) -> None:
+    async def load(self, url: str, model: str, timeout_s: float | None = None, load_timeout_s: float | None = None) -> None:
         """One load per model and pod however many calls wait for it, as a worker does."""
         pod = self._pod(url)
+        pod.load_budgets.append((model, timeout_s, load_timeout_s))
         if model in pod.loaded:
             return
         if (url, model) not in self._loading:
@@ -247,6 +252,22 @@ async def test_control_loop_brings_a_model_up_to_its_minimum_copies_on_distinct_
     assert len(model_map.ready_copies("a")) == 2
     assert sorted(len(p.loads) for p in pods) == [0, 1, 1]
     assert all(p.loads in ([], ["a"]) for p in pods)
+
+
+async def test_a_minimum_copy_of_a_slow_model_is_waited_for_as_long_as_its_own_load_timeout():
+    pods = [FakePod("http://p0", 1000 * MiB, CATALOG, load_timeouts={"b": 1800.0})]
+    router, model_map, _ = build(pods)
+    router.limits_for = lambda m: ModelLimits(1, 1) if m in ("a", "b") else ModelLimits(0, 1)
+    await router.sync.refresh_all()
+    assert model_map.load_timeout_s("b") == 1800.0 and model_map.load_timeout_s("a") is None
+    for _ in range(50):
+        await router.reconcile_once()
+        await asyncio.sleep(0.01)
+        if model_map.ready_copies("a") and model_map.ready_copies("b"):
+            break
+    asked = {model: (timeout_s, own) for model, timeout_s, own in pods[0].load_budgets}
+    assert asked["b"][1] == 1800.0 and asked["b"][0] > 1700  # its own, not the router's request timeout
+    assert asked["a"][1] is None and asked["a"][0] <= 60  # the router's values
 
 
 async def test_a_pod_of_another_pool_never_gets_a_new_copy():

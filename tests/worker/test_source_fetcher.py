@@ -95,6 +95,17 @@ def test_a_download_past_the_load_deadline_fails_and_the_next_starts_clean(s3, b
     assert _fetcher(tmp_path, s3).folder(_spec("late", endpoint=proxy.url)).is_dir()  # the same cache, a longer deadline
 
 
+def test_a_models_own_load_timeout_replaces_the_workers_both_ways(s3, big_model, proxy, tmp_path) -> None:
+    proxy.rate = 4 * 2**20  # about 6 s for the model
+    generous = _fetcher(tmp_path, s3, timeout_s=1.0)  # the worker's value alone would fail it
+    started = time.monotonic()
+    assert generous.folder(_spec("large", endpoint=proxy.url).model_copy(update={"load_timeout_seconds": 120.0})).is_dir()
+    assert time.monotonic() - started > 1.0  # it really took longer than the worker's value
+    strict = _fetcher(tmp_path / "other", s3, timeout_s=600.0)
+    with pytest.raises(errors.ModelLoadFailed, match=r"deadline passed.*'quick' may take 1s: its spec.loadTimeoutSeconds"):
+        strict.folder(_spec("quick", endpoint=proxy.url).model_copy(update={"load_timeout_seconds": 1.0}))
+
+
 def test_an_interrupted_download_fails_naming_the_object_and_leaves_nothing(s3, big_model, proxy, tmp_path) -> None:
     proxy.cut_after(6 * 2**20)  # mid-way through the first weight file
     fetcher = _fetcher(tmp_path, s3)

@@ -356,4 +356,4 @@ def catalog_entry(spec: ModelSpec, known_bytes: int) -> wire.CatalogEntry:
                              name=spec.name, type=spec.task.value, version=spec.version, description=spec.description,
                              base_model=spec.base_model, canary=canary.id if canary else "",
                              canary_weight=canary.variant_weight if canary else 0,
-                             latency_class=spec.latency_class)
+                             latency_class=spec.latency_class, load_timeout_s=spec.load_timeout_seconds or 0.0)

@@ -283,7 +283,7 @@ class VllmEngines:
         engine.reader = threading.Thread(target=_copy_output, args=(engine,), name=f"vllm-log-{spec.id}", daemon=True)
         engine.reader.start()
         try:
-            _wait_healthy(engine, self.start_timeout_s)
+            _wait_healthy(engine, spec.load_timeout_s(self.start_timeout_s))
             _probe(engine, names[0])
         except BaseException:
             stop(engine)

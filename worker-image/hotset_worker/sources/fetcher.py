@@ -9,7 +9,8 @@ lease on it for as long as the manager holds a copy of that model
 ``SWEEP_S``). ``oci://`` sources are image volumes the kubelet mounted
 (``oci.folder``: nothing to fetch), or, where the pool has image volumes off,
 pulled into the cache like the others (``oci_pull``). A load's deadline covers its fetch: one
-still running at ``load_timeout_s`` fails the load, naming how far it got.
+still running at the model's ``loadTimeoutSeconds`` (else ``load_timeout_s``) fails the load,
+naming how far it got.
 """
 from __future__ import annotations
 
@@ -81,7 +82,7 @@ class SourceFetcher:
             return oci.folder(spec.source, location, self.settings)
         if self.cache is None:
             raise errors.ModelLoadFailed(f"source {spec.source!r}: this worker has no source cache (--source-cache)")
-        deadline = time.monotonic() + self.load_timeout_s
+        deadline = time.monotonic() + spec.load_timeout_s(self.load_timeout_s)
         self.sweep()
         started = time.monotonic()
         try:
@@ -93,8 +94,11 @@ class SourceFetcher:
             finally:
                 with self._lock:
                     self._fetching.pop(spec.id, None)
-        except errors.HotsetError:
+        except errors.HotsetError as exc:
             self.observer.source_failed(spec, location_scheme(location))
+            if time.monotonic() >= deadline and isinstance(exc, errors.ModelLoadFailed):
+                raise errors.ModelLoadFailed(f"{exc.message} (a load of {spec.id!r} may take {spec.load_timeout_s(self.load_timeout_s):.0f}s: "
+                                             "its spec.loadTimeoutSeconds, else the worker's --load-timeout-s)") from exc
             raise
         self._keep(spec, lease)
         seconds = lease.download_s if not lease.hit else time.monotonic() - started

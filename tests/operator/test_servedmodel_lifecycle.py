@@ -49,8 +49,8 @@ def test_dedicated_model_gets_its_own_pinned_deployment(cluster: Cluster, operat
     assert (cluster.get("servedmodel", "sentiment") or {})["status"]["readyReplicas"] == 0
 
     table = cluster.kubectl("get", "servedmodels").stdout.splitlines()
-    assert table[0].split() == ["NAME", "FRAMEWORK", "PLACEMENT", "READY", "ACCEPTED", "AGE"]
-    assert table[1].split()[:5] == ["sentiment", "transformers", "dedicated", "0", "True"]
+    assert table[0].split() == ["NAME", "FRAMEWORK", "PLACEMENT", "CLASS", "READY", "ACCEPTED", "AGE"]
+    assert table[1].split()[:6] == ["sentiment", "transformers", "dedicated", "standard", "0", "True"]
     wait_for(lambda: "Accepted" in {e["reason"] for e in cluster.events("sentiment")}, "an Accepted event")
 
 

@@ -61,6 +61,8 @@ OPERATOR_POOL_PASSES_TOTAL = f"{PREFIX}_operator_pool_passes_total"  # pool sizi
 OPERATOR_STATUS_WRITES_TOTAL = f"{PREFIX}_operator_status_writes_total"  # labels: resource (servedmodels, ...)
 OPERATOR_WRITES_PENDING = f"{PREFIX}_operator_writes_pending"  # gauge: status writes and events not yet sent
 CATALOG_MODELS = f"{PREFIX}_catalog_models"                    # gauge: entries of a catalog; labels: namespace, store
+# 1 per accepted ServedModel: whom to call about it (dashboards and alerts join it on `model`).
+MODEL_INFO = f"{PREFIX}_model_info"                              # gauge; labels: namespace, model, owner, oncall, latency_class
 ROUTER_VERSION_REQUESTS_TOTAL = f"{PREFIX}_router_version_requests_total"  # answers by version; labels: model, version
 # Router series are bounded in models (router telemetry.ModelSeries): per-model labels name at most
 # a configured number of recently used models, "_other" the rest and "_unknown" names no worker knows.

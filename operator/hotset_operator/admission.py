@@ -31,6 +31,7 @@ VALID = "Valid"
 INVALID_SPEC = "InvalidSpec"
 QUOTA_EXCEEDED = "QuotaExceeded"
 NAME_CONFLICT = "NameConflict"
+OWNER_REQUIRED = "OwnerRequired"
 
 
 @dataclass(frozen=True)
@@ -120,9 +121,11 @@ class Fold:
     with them again (O(the models of one second)). ``judged`` counts the decisions made (the
     operator's ``hotset_operator_admission_decisions_total``)."""
 
-    def __init__(self, quotas: Mapping[str, Sequence[Quota]], config: OperatorConfig) -> None:
+    def __init__(self, quotas: Mapping[str, Sequence[Quota]], config: OperatorConfig,
+                 accepted: Collection[Key] = ()) -> None:
         self.quotas = quotas
         self.config = config
+        self.accepted = accepted  # the models accepted before this fold (their status may not say so yet)
         self.result = Admission()
         self.judged = 0
         self.last: Order | None = None  # the order of the last model judged
@@ -184,6 +187,9 @@ class Fold:
     def _decide_one(self, entry: ModelEntry) -> Decision:
         if entry.spec is None or entry.problems:
             return Decision(False, INVALID_SPEC, "; ".join(str(p) for p in entry.problems) or "the spec does not parse")
+        missing = self._missing_contacts(entry)
+        if missing is not None and not self._served_before(entry):
+            return Decision(False, OWNER_REQUIRED, missing)
         if (other := self._owners.get(entry.name)) is not None and other != entry.namespace:
             return Decision(False, NAME_CONFLICT, (
                 f"metadata.name: model {entry.name!r} is already served from namespace {other!r}; clients send "
@@ -193,15 +199,39 @@ class Fold:
             if (why := _exceeded(quota, self.result.usage.get(entry.namespace, Usage()), wanted)) is not None:
                 return Decision(False, QUOTA_EXCEEDED, f"namespace {entry.namespace} is over its quota of {why}")
         spec = entry.spec
+        note = "" if missing is None else f"; served because it was accepted before the rule, but {missing}"
         return Decision(True, VALID, f"{spec.placement.value} placement, min {spec.replicas.min} / max "
-                                     f"{spec.replicas.max} copies")
+                                     f"{spec.replicas.max} copies{note}")
+
+    def _served_before(self, entry: ModelEntry) -> bool:
+        """Whether `entry` was accepted already: a rule about contacts that arrives later (a new
+        policy, a quota's requireOwner) never stops a model that serves; its status says what to add."""
+        return entry.incumbent or entry.key in self.accepted
+
+    def _missing_contacts(self, entry: ModelEntry) -> str | None:
+        """Why `entry` may not be served without naming whom to call, or None: the chart's
+        policy.requireOwner, or a ModelQuota of its namespace with requireOwner."""
+        assert entry.spec is not None
+        missing = [name for name, value in (("spec.owner", entry.spec.owner), ("spec.oncall", entry.spec.oncall))
+                   if not value.strip()]
+        if not missing:
+            return None
+        requiring = [q.name for q in self.quotas.get(entry.namespace, ()) if q.require_owner]
+        if requiring:
+            by = f"ModelQuota {requiring[0]} (requireOwner) of namespace {entry.namespace}"
+        elif self.config.require_owner:
+            by = "the platform's policy (policy.requireOwner)"
+        else:
+            return None
+        return (f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} required by {by}: every model "
+                "names its owning team and whom to page when it breaks")
 
 
 def fold(entries: Iterable[ModelEntry], quotas: Mapping[str, Sequence[Quota]], config: OperatorConfig,
          accepted: Collection[Key] = ()) -> Fold:
     """A fold over every model that is not being deleted, ready to be continued. `accepted`: models
     accepted before (they keep their place within their creation second, as incumbents do)."""
-    result = Fold(quotas, config)
+    result = Fold(quotas, config, accepted)
     alive = {e.key: e for e in entries if not e.deleting}  # one per name (a name reused: the newest)
     ordered = sorted(alive.values(), key=lambda e: order_of(e, accepted))
     latest = next((i for i, e in enumerate(ordered) if e.created == ordered[-1].created), 0)

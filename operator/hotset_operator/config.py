@@ -139,6 +139,8 @@ class OperatorConfig(BaseModel):
     max_dedicated_pods: int = Field(16, ge=0)
     drain_seconds: int = Field(5, ge=0)
     startup_probe_failure_threshold: int = Field(120, ge=1, description="x 5 s: slow first loads")
+    require_owner: bool = Field(False, description="every ServedModel names spec.owner and spec.oncall "
+                                "(policy.requireOwner; a namespace's ModelQuota can require it too)")
 
     @field_validator("pod_memory_budget", "source_cache_bytes", "gpu_shared_memory", mode="before")
     @classmethod

@@ -48,9 +48,11 @@ class ModelEntry:
     @property
     def admission_key(self) -> tuple[Any, ...]:
         """What admission reads of this object: an edit of anything else (a description, a warm-up,
-        a source) leaves every decision as it was, so it needs no admission pass."""
+        a source) leaves every decision as it was, so it needs no admission pass. Whether the
+        owner and on-call are named counts: a policy may require them."""
         spec = self.spec
-        reads = None if spec is None else (spec.memory_bytes, spec.replicas.min, spec.replicas.max, spec.placement)
+        reads = None if spec is None else (spec.memory_bytes, spec.replicas.min, spec.replicas.max, spec.placement,
+                                           bool(spec.owner.strip()), bool(spec.oncall.strip()))
         return self.uid, self.created, self.deleting, self.problems, reads
 
 
@@ -63,6 +65,7 @@ class Quota:
     memory: int | None = None
     copies: int | None = None
     gpus: float | None = None
+    require_owner: bool = False  # its namespace's models must name spec.owner and spec.oncall
     status: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -153,7 +156,7 @@ def quota_entry(body: Mapping[str, Any]) -> Quota:
                  memory=None if memory is None else quantity.parse_bytes(memory),
                  copies=None if spec.get("copies") is None else int(spec["copies"]),
                  gpus=None if spec.get("gpus") is None else float(spec["gpus"]),
-                 status=dict(body.get("status") or {}))
+                 require_owner=bool(spec.get("requireOwner", False)), status=dict(body.get("status") or {}))
 
 
 def pool_entry(body: Mapping[str, Any]) -> PoolEntry:

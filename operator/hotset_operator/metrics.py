@@ -9,6 +9,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from hotset_common import metrics as names
+from hotset_common.spec import ModelSpec
 
 POOL_LABELS = ["namespace", "pool"]
 
@@ -45,6 +46,26 @@ class OperatorMetrics:
                                     registry=r)
         self.catalog_models = Gauge(names.CATALOG_MODELS, "Models in a catalog worker pods follow",
                                     ["namespace", "store"], registry=r)
+        self.model_info = Gauge(names.MODEL_INFO, "1 per accepted ServedModel: its owner, on-call contact and "
+                                "latency class", ["namespace", "model", "owner", "oncall", "latency_class"], registry=r)
+        self._info: dict[tuple[str, str], tuple[str, str, str, str, str]] = {}  # (namespace, model) -> its labels
+
+    def model_accepted(self, namespace: str, model: str, spec: ModelSpec) -> None:
+        """`model`'s info series, replacing the one it had (an edited owner)."""
+        labels = (namespace, model, spec.owner, spec.oncall, spec.latency_class.value)
+        before = self._info.get((namespace, model))
+        if before == labels:
+            return
+        if before is not None:
+            self.model_info.remove(*before)
+        self.model_info.labels(*labels).set(1)
+        self._info[(namespace, model)] = labels
+
+    def model_gone(self, namespace: str, model: str) -> None:
+        """`model` is refused or deleted: no info series (an alert about it names nobody stale)."""
+        before = self._info.pop((namespace, model), None)
+        if before is not None:
+            self.model_info.remove(*before)
 
     def scaled(self, namespace: str, pool: str, before: int, after: int) -> None:
         if after != before:

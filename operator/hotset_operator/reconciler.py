@@ -283,11 +283,13 @@ class ModelReconciler:
         held = self._published.get(key)
         spec = entry.spec if entry is not None else None
         if entry is None or spec is None or not accepted:
+            self.metrics.model_gone(*key)
             if held is not None:
                 self.catalogs.remove(held[0], key[1])
                 del self._published[key]
                 self._unlist(key, held[0])
             return
+        self.metrics.model_accepted(key[0], key[1], spec)
         store = self._store_of(entry, spec)
         if held is not None and held[0] == store and held[1] == entry.basis:
             return  # the same spec in the same catalog: nothing to encode

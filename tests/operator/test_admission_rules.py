@@ -102,3 +102,19 @@ def test_continuing_the_fold_decides_as_one_pass_over_everything():
     assert fold.judged < 120 * 11  # a second judged again, never everything
     earlier = entry("team-0", "late", "2026-01-01T00:00:05Z")
     assert not fold.follows(earlier)  # created before the latest second: only a full pass may judge it
+
+
+def test_owners_are_required_only_where_the_policy_or_a_quota_says_so():
+    named = entry("t", "named", "1")
+    named = ModelEntry(**{**named.__dict__, "spec": named.spec.model_copy(update={"owner": "ml", "oncall": "pager"})})
+    anonymous = entry("t", "anonymous", "2")
+    elsewhere = entry("other", "elsewhere", "3")
+    entries = [named, anonymous, elsewhere]
+    assert all(d.accepted for d in admission.decide(entries, {}, CONFIG).decisions.values())  # the default
+    by_quota = admission.decide(entries, {"t": [Quota("t", "q", require_owner=True)]}, CONFIG).decisions
+    assert {name: d.reason for (_, name), d in by_quota.items()} == {
+        "named": "Valid", "anonymous": "OwnerRequired", "elsewhere": "Valid"}  # only namespace t
+    assert "spec.owner and spec.oncall are required by ModelQuota q (requireOwner) of namespace t" in by_quota[("t", "anonymous")].message
+    by_policy = admission.decide(entries, {}, operator_config("ops", require_owner=True)).decisions
+    assert {name: d.accepted for (_, name), d in by_policy.items()} == {"named": True, "anonymous": False, "elsewhere": False}
+    assert "the platform's policy (policy.requireOwner)" in by_policy[("other", "elsewhere")].message

@@ -150,3 +150,10 @@ hotset-worker-gpu
 {{- define "hotset.workerTokenSecret" -}}
 {{- .Values.security.workerToken.existingSecret | default "hotset-worker-token" -}}
 {{- end -}}
+
+{{/* A per-model alert expression with the model's owner and on-call contact as labels (from the
+     operator's hotset_model_info), so the alert says whom to call; a model without that series
+     (the operator not scraped) still alerts, without them. */}}
+{{- define "hotset.withContacts" -}}
+({{ . }}) * on (model) group_left (owner, oncall) max by (model, owner, oncall) (hotset_model_info) or (({{ . }}) unless on (model) hotset_model_info)
+{{- end -}}

@@ -15,6 +15,10 @@ seconds than classic GDSF with its inflation clock (docs/benchmarks.md).
 
 Folded into the order:
 
+- priority first (``ModelSpec.priority``, seed 002): copies of lower priority
+  go before any of higher priority, and a load never evicts a copy of higher
+  priority than its own (``choose_victims``' ``priority``); with every model
+  at the default 0 this changes nothing;
 - a copy that requests are already waiting for (``queued``) is never a victim:
   the batch that is waiting is served first (one batch per swap, the cure for
   thrashing when more models are wanted than fit);
@@ -53,6 +57,7 @@ class Candidate:
     frequency: float = 1.0  # decayed request count (DecayedCount.value)
     inflight: int = 0  # requests it is serving now
     queued: int = 0  # requests waiting for it (it is not evicted before they are served)
+    priority: int = 0  # its model's spec.priority: lower goes first, higher is never a lower load's victim
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,8 +80,9 @@ class EvictionPolicy:
         """Candidates that may be evicted at all, first victim first (waited-for copies left out).
         `per_byte`: bytes are what is short (else only a model-count slot is)."""
 
-        def key(candidate: Candidate) -> tuple[bool, int, float, str]:
+        def key(candidate: Candidate) -> tuple[int, bool, int, float, str]:
             return (
+                candidate.priority,
                 candidate.inflight > 0,
                 value_band(self.keep_value(candidate, per_byte) * self._guard_factor(candidate)),
                 -candidate.idle_s,
@@ -91,10 +97,15 @@ def choose_victims(
     candidates: Sequence[Candidate],
     bytes_needed: int,
     slots_needed: int = 0,
+    priority: int | None = None,
 ) -> list[Candidate] | None:
-    """The shortest prefix of the policy's order that frees enough; None when all of them would not."""
+    """The shortest prefix of the policy's order that frees enough; None when all of them would not.
+    `priority`: that of the model the room is for, whose load may not evict a copy of higher priority
+    (None: every candidate may go, as when a pod over its budget sheds load)."""
     if bytes_needed <= 0 and slots_needed <= 0:
         return []
+    if priority is not None:
+        candidates = [c for c in candidates if c.priority <= priority]
     victims: list[Candidate] = []
     freed = 0
     for candidate in policy.order(candidates, per_byte=bytes_needed > 0):
@@ -149,6 +160,7 @@ def candidate_of(copy: ModelCopy) -> Candidate:
     return Candidate(
         model_id=copy.id, bytes=copy.bytes, idle_s=copy.last_used_s, age_s=copy.loaded_at_s,
         load_seconds=copy.load_seconds, frequency=copy.frequency, inflight=copy.inflight, queued=copy.queued,
+        priority=copy.priority,
     )
 
 

@@ -71,6 +71,7 @@ SOURCE_SCHEMES = source_locations.SCHEMES
 MAX_CONCURRENCY = 1024
 MAX_TIMEOUT_SECONDS = 3600
 MAX_LOAD_TIMEOUT_SECONDS = 86400  # a day: the largest models, from the slowest stores
+MIN_PRIORITY, MAX_PRIORITY = -1000, 1000  # spec.priority; a namespace's ModelQuota may cap it lower
 MAX_DESCRIPTION = 1024
 MAX_LABELS = 32
 MAX_LABEL_KEY = 63
@@ -298,6 +299,11 @@ class ModelSpec(BaseModel):
     replicas: Replicas = Field(default_factory=Replicas)
     placement: Placement = Placement.SHARED
     latency_class: LatencyClass = Field(LatencyClass.STANDARD, alias="latencyClass")
+    # Who gives way when a pod is full (seed 002: scarce GPUs by written policy): a load evicts
+    # copies of lower priority before any other and never one of higher priority; a model that
+    # only higher-priority copies keep out waits for room within its deadline, then is refused
+    # saying so. A namespace's ModelQuota (maxPriority) bounds what its models may claim.
+    priority: int = Field(0, ge=MIN_PRIORITY, le=MAX_PRIORITY)
     pinned: bool = False
     # Per-model limits the worker enforces around inference: at most `max_concurrency` requests of
     # this model run at once (the rest wait in a bounded queue: 429 when it is full, 503 past their

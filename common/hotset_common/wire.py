@@ -173,6 +173,7 @@ class ModelCopy(BaseModel):
     load_seconds: float = 0.0  # its last measured load
     frequency: float = 0.0  # its decayed request count
     queued: int = 0  # requests waiting for it
+    priority: int = 0  # its spec's priority: a load evicts lower ones first and never a higher one
 
 
 class CatalogEntry(BaseModel):
@@ -191,6 +192,7 @@ class CatalogEntry(BaseModel):
     canary_weight: int = 0  # the percent of this model's requests the router sends to it
     latency_class: LatencyClass = LatencyClass.STANDARD  # the router keeps realtime and batch models on separate pods
     load_timeout_s: float = 0.0  # the spec's loadTimeoutSeconds: how long the router waits on a load of it; 0: its own
+    priority: int = 0  # the spec's priority: the router places a load only where it may evict
 
     def metadata(self) -> ModelMetadata:
         return ModelMetadata(id=self.id, name=self.name or self.id, type=self.type, framework=self.framework,

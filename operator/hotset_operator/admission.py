@@ -196,6 +196,10 @@ class Fold:
                 "only the model's name, so names are unique across the namespaces hotset serves"))
         wanted = usage_of(entry.spec, self.config)
         for quota in self.quotas.get(entry.namespace, ()):
+            if quota.max_priority is not None and entry.spec.priority > quota.max_priority:
+                return Decision(False, QUOTA_EXCEEDED, (
+                    f"spec.priority: ModelQuota {quota.name} of namespace {entry.namespace} allows priorities up to "
+                    f"{quota.max_priority} (maxPriority); this model asks for {entry.spec.priority}"))
             if (why := _exceeded(quota, self.result.usage.get(entry.namespace, Usage()), wanted)) is not None:
                 return Decision(False, QUOTA_EXCEEDED, f"namespace {entry.namespace} is over its quota of {why}")
         spec = entry.spec

@@ -49,10 +49,11 @@ class ModelEntry:
     def admission_key(self) -> tuple[Any, ...]:
         """What admission reads of this object: an edit of anything else (a description, a warm-up,
         a source) leaves every decision as it was, so it needs no admission pass. Whether the
-        owner and on-call are named counts: a policy may require them."""
+        owner and on-call are named counts (a policy may require them), and the priority (a quota
+        may cap it)."""
         spec = self.spec
         reads = None if spec is None else (spec.memory_bytes, spec.replicas.min, spec.replicas.max, spec.placement,
-                                           bool(spec.owner.strip()), bool(spec.oncall.strip()))
+                                           bool(spec.owner.strip()), bool(spec.oncall.strip()), spec.priority)
         return self.uid, self.created, self.deleting, self.problems, reads
 
 
@@ -66,6 +67,7 @@ class Quota:
     copies: int | None = None
     gpus: float | None = None
     require_owner: bool = False  # its namespace's models must name spec.owner and spec.oncall
+    max_priority: int | None = None  # the highest spec.priority its namespace's models may claim
     status: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -156,7 +158,9 @@ def quota_entry(body: Mapping[str, Any]) -> Quota:
                  memory=None if memory is None else quantity.parse_bytes(memory),
                  copies=None if spec.get("copies") is None else int(spec["copies"]),
                  gpus=None if spec.get("gpus") is None else float(spec["gpus"]),
-                 require_owner=bool(spec.get("requireOwner", False)), status=dict(body.get("status") or {}))
+                 require_owner=bool(spec.get("requireOwner", False)),
+                 max_priority=None if spec.get("maxPriority") is None else int(spec["maxPriority"]),
+                 status=dict(body.get("status") or {}))
 
 
 def pool_entry(body: Mapping[str, Any]) -> PoolEntry:

@@ -65,11 +65,12 @@ class CopyView:
     queued: int = 0
     seen_at: float = 0.0
     half_life_s: float = DEFAULT_HALF_LIFE_S
+    priority: int = 0  # its model's spec.priority (a lower-priority load may not evict it)
 
     @classmethod
     def of(cls, copy: ModelCopy, seen_at: float = 0.0, half_life_s: float = DEFAULT_HALF_LIFE_S) -> "CopyView":
         return cls(copy.id, copy.state, copy.bytes, copy.pinned, copy.last_used_s, copy.loaded_at_s,
-                   copy.load_seconds, copy.frequency, copy.inflight, copy.queued, seen_at, half_life_s)
+                   copy.load_seconds, copy.frequency, copy.inflight, copy.queued, seen_at, half_life_s, copy.priority)
 
     def _since(self, now: float | None) -> float:
         return 0.0 if now is None else max(0.0, now - self.seen_at)
@@ -84,7 +85,7 @@ class CopyView:
         """This copy as the shared eviction policy sees it (the worker decides from the same figures)."""
         since = self._since(now)
         return Candidate(self.model, self.bytes, self.last_used_s + since, self.loaded_at_s + since, self.load_seconds,
-                         self.frequency_at(now), self.inflight, self.queued)
+                         self.frequency_at(now), self.inflight, self.queued, self.priority)
 
 
 @dataclasses.dataclass
@@ -135,6 +136,7 @@ class ModelMap:
         self._canaries: dict[str, dict[str, tuple[str, int]]] = {}  # model -> url -> its canary (rare)
         self._classes: dict[LatencyClass, set[str]] = {}  # realtime and batch models (standard ones are not kept)
         self._load_timeouts: dict[str, float] = {}  # models with a loadTimeoutSeconds of their own
+        self._priorities: dict[str, int] = {}  # models whose spec.priority is not 0
         self._multi: set[str] = set()  # models shown on two pods or more (extra copies may go)
         self._busy: set[str] = set()  # models whose workers report requests in flight or waiting on them
         # What the router learned itself, per pod: url -> model -> ...
@@ -244,6 +246,10 @@ class ModelMap:
             self._load_timeouts[entry.id] = entry.load_timeout_s
         else:
             self._load_timeouts.pop(entry.id, None)
+        if entry.priority:
+            self._priorities[entry.id] = entry.priority
+        else:
+            self._priorities.pop(entry.id, None)
         if entry.canary:
             pod.canaries[entry.id] = (entry.canary, entry.canary_weight)
             self._canaries.setdefault(entry.id, {})[pod.url] = (entry.canary, entry.canary_weight)
@@ -260,6 +266,7 @@ class ModelMap:
                 del self._catalog_pods[model]
                 self._note_class(model, LatencyClass.STANDARD)
                 self._load_timeouts.pop(model, None)
+                self._priorities.pop(model, None)
         if pod.canaries.pop(model, None) is not None:
             self._drop_canary(pod.url, model)
         self._changed.add(model)
@@ -278,6 +285,10 @@ class ModelMap:
     def load_timeout_s(self, model: str) -> float | None:
         """`model`'s own ``loadTimeoutSeconds``, as the workers' catalogs say; None: the router's."""
         return self._load_timeouts.get(model)
+
+    def priority(self, model: str) -> int:
+        """`model`'s ``spec.priority``, as the workers' catalogs say: its load evicts no copy above it."""
+        return self._priorities.get(model, 0)
 
     def pods_excluded_for(self, model: str) -> set[str]:
         """Pods holding (or loading, or about to load for this router) a copy of the latency class

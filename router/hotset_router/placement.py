@@ -83,12 +83,13 @@ class EvictionPlan:
         return value_band(self.cost), self.bytes
 
 
-def eviction_plan(pod: PodRoom, need_bytes: int) -> EvictionPlan | None:
-    """Copies the worker would evict to make room now, and what they cost; None if it cannot now."""
+def eviction_plan(pod: PodRoom, need_bytes: int, priority: int = 0) -> EvictionPlan | None:
+    """Copies the worker would evict to make room now for a model of `priority` (it evicts none of
+    higher priority), and what they cost; None if it cannot now."""
     if need_bytes > pod.budget_bytes:
         return None
     slots_needed = 0 if pod.free_slots is None else 1 - pod.free_slots
-    victims = choose_victims(pod.policy, pod.evictable, need_bytes - pod.free_bytes, slots_needed)
+    victims = choose_victims(pod.policy, pod.evictable, need_bytes - pod.free_bytes, slots_needed, priority)
     if victims is None:
         return None
     return EvictionPlan(tuple(v.model_id for v in victims), eviction_cost(victims), sum(v.bytes for v in victims))
@@ -107,10 +108,11 @@ def best_fit(
 
 
 def cheapest_eviction(
-    model: str, need_bytes: int, pods: Iterable[PodRoom], settings: PlacementSettings = PlacementSettings()
+    model: str, need_bytes: int, pods: Iterable[PodRoom], settings: PlacementSettings = PlacementSettings(),
+    priority: int = 0,
 ) -> Decision | None:
     """The pod whose evictions cost least, or None if no pod can make room now."""
-    plans = [(plan, pod) for pod in pods if (plan := eviction_plan(pod, need_bytes)) is not None]
+    plans = [(plan, pod) for pod in pods if (plan := eviction_plan(pod, need_bytes, priority)) is not None]
     if not plans:
         return None
     plan, pod = min(plans, key=lambda t: (t[0].rank(), -rendezvous_score(model, t[1].name)))
@@ -127,11 +129,13 @@ def shortest_queue(model: str, need_bytes: int, pods: Iterable[PodRoom]) -> Deci
 
 
 def place_cold(
-    model: str, need_bytes: int, pods: Sequence[PodRoom], settings: PlacementSettings = PlacementSettings()
+    model: str, need_bytes: int, pods: Sequence[PodRoom], settings: PlacementSettings = PlacementSettings(),
+    priority: int = 0,
 ) -> Decision | None:
-    """Where a model with no copy goes: best fit, else cheapest eviction, else the shortest queue,
-    else None (it fits on no pod even when empty)."""
-    return (best_fit(model, need_bytes, pods, settings) or cheapest_eviction(model, need_bytes, pods, settings)
+    """Where a model with no copy goes: best fit, else cheapest eviction (of copies of at most its
+    `priority`), else the shortest queue, else None (it fits on no pod even when empty)."""
+    return (best_fit(model, need_bytes, pods, settings)
+            or cheapest_eviction(model, need_bytes, pods, settings, priority)
             or shortest_queue(model, need_bytes, pods))
 
 
@@ -141,6 +145,7 @@ def place_replica(
     pods: Sequence[PodRoom],
     holders: Iterable[str],
     settings: PlacementSettings = PlacementSettings(),
+    priority: int = 0,
 ) -> Decision | None:
     """Where an extra copy of a hot model goes: another pod, on another node where one is known."""
     holder_urls = set(holders)
@@ -148,7 +153,8 @@ def place_replica(
     others = [p for p in pods if p.url not in holder_urls]
     other_nodes = [p for p in others if not p.node or p.node not in busy_nodes]
     for candidates in (other_nodes, others):  # never a queue: an extra copy is worth it only with room now
-        decision = best_fit(model, need_bytes, candidates, settings) or cheapest_eviction(model, need_bytes, candidates, settings)
+        decision = (best_fit(model, need_bytes, candidates, settings)
+                    or cheapest_eviction(model, need_bytes, candidates, settings, priority))
         if decision is not None:
             return decision
     return None

@@ -162,10 +162,11 @@ class Targets:
         decision = self._best_fit(model, need, urls, holders)
         if decision is None:  # no room anywhere as things are: plan evictions (reads every copy there)
             rooms = placement.rooms_from_map(self.model_map, urls)
+            priority = self.model_map.priority(model)
             if holders:
-                decision = placement.place_replica(model, need, rooms, holders, self.placement_settings)
+                decision = placement.place_replica(model, need, rooms, holders, self.placement_settings, priority)
             else:
-                decision = placement.place_cold(model, need, rooms, self.placement_settings)
+                decision = placement.place_cold(model, need, rooms, self.placement_settings, priority)
         return decision
 
     def _best_fit(self, model: str, need: int, capable: list[str], holders: tuple[str, ...] | list[str]) -> placement.Decision | None:

@@ -190,7 +190,7 @@ def catalog(root: Path, models: dict[str, dict[str, Any]]) -> MemoryModelStore:
     """A store of ballast models: ``{"a": {"size": MiB, "delay": 0.2, "memory": "1Mi", "pinned": True}}``.
 
     ``"batching"`` is the spec's (``{"maxBatchSize": 8, "maxDelayMs": 5}``: requests then share passes);
-    ``"latency_class"`` is the spec's (``"realtime"``, ``"batch"``);
+    ``"latency_class"`` is the spec's (``"realtime"``, ``"batch"``); so is ``"priority"``;
     ``"predict_delay"`` makes each predict() (and batched pass) take that long; ``"warmup"`` lists the spec's warm-up inputs. A model with ``"missing": True`` has no file; ``"corrupt": True`` has a broken one.
     """
     store = MemoryModelStore()
@@ -205,7 +205,7 @@ def catalog(root: Path, models: dict[str, dict[str, Any]]) -> MemoryModelStore:
             write_model(
                 folder, options.get("size", MiB), options.get("delay", 0.0), options.get("factor", 2.0), options.get("predict_delay", 0.0)
             )
-        extra = {key: options[key] for key in ("batching", "latency_class") if key in options}
+        extra = {key: options[key] for key in ("batching", "latency_class", "priority") if key in options}
         store.put(make_spec(model_id, folder, memory=options.get("memory", 0), pinned=options.get("pinned", False),
                             warmup=options.get("warmup", []), **extra))
     return store

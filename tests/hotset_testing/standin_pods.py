@@ -63,6 +63,7 @@ class _Spec:
     pinned: bool = False
     latency_class: LatencyClass = LatencyClass.STANDARD
     load_timeout_seconds: float | None = None
+    priority: int = 0
 
     def canary_variant(self) -> None:
         return None
@@ -90,6 +91,7 @@ class _View:
     queued: int = 0
     version: str = "1"
     reason: str = ""
+    priority: int = 0
 
 
 class _Store:

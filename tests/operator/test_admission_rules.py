@@ -118,3 +118,21 @@ def test_owners_are_required_only_where_the_policy_or_a_quota_says_so():
     by_policy = admission.decide(entries, {}, operator_config("ops", require_owner=True)).decisions
     assert {name: d.accepted for (_, name), d in by_policy.items()} == {"named": True, "anonymous": False, "elsewhere": False}
     assert "the platform's policy (policy.requireOwner)" in by_policy[("other", "elsewhere")].message
+
+
+def test_a_quota_caps_the_priority_its_namespaces_models_may_claim():
+    from hotset_operator.index import quota_entry
+
+    quota = quota_entry({"metadata": {"namespace": "t", "name": "q"}, "spec": {"maxPriority": 10}})
+    assert quota.max_priority == 10
+    base = entry("t", "modest", "1")
+    modest = ModelEntry(**{**base.__dict__, "spec": base.spec.model_copy(update={"priority": 10})})
+    base = entry("t", "greedy", "2")
+    greedy = ModelEntry(**{**base.__dict__, "spec": base.spec.model_copy(update={"priority": 500})})
+    base = entry("other", "elsewhere", "3")
+    elsewhere = ModelEntry(**{**base.__dict__, "spec": base.spec.model_copy(update={"priority": 500})})
+    decisions = admission.decide([modest, greedy, elsewhere], {"t": [quota]}, CONFIG).decisions
+    assert {name: d.reason for (_, name), d in decisions.items()} == {
+        "modest": "Valid", "greedy": "QuotaExceeded", "elsewhere": "Valid"}
+    assert "allows priorities up to 10 (maxPriority); this model asks for 500" in decisions[("t", "greedy")].message
+    assert greedy.admission_key != base.admission_key  # an edited priority is judged again

@@ -57,6 +57,7 @@ def test_defaults_agree() -> None:
     assert props["task"]["default"] == defaults.task.value
     assert props["placement"]["default"] == defaults.placement.value
     assert props["latencyClass"]["default"] == defaults.latency_class.value
+    assert props["priority"]["default"] == defaults.priority
     assert props["version"]["default"] == defaults.version
     assert props["replicas"]["default"] == defaults.replicas.model_dump(by_alias=True)
     replicas = props["replicas"]["properties"]
@@ -101,6 +102,7 @@ def test_limits_and_bounds_agree() -> None:
     assert props["timeoutSeconds"]["maximum"] == spec_module.MAX_TIMEOUT_SECONDS
     assert props["loadTimeoutSeconds"]["maximum"] == spec_module.MAX_LOAD_TIMEOUT_SECONDS
     assert props["loadTimeoutSeconds"]["exclusiveMinimum"] is True and props["loadTimeoutSeconds"]["minimum"] == 0
+    assert (props["priority"]["minimum"], props["priority"]["maximum"]) == (spec_module.MIN_PRIORITY, spec_module.MAX_PRIORITY)
     assert props["description"]["maxLength"] == spec_module.MAX_DESCRIPTION
     assert props["labels"]["maxProperties"] == spec_module.MAX_LABELS
     assert props["labels"]["additionalProperties"]["maxLength"] == spec_module.MAX_LABEL_VALUE
@@ -111,9 +113,9 @@ def test_per_model_limits_reach_the_workers_model_store() -> None:
     from hotset_common import model_store
 
     spec = ModelSpec.from_served_model({"metadata": {"name": "m"}, "spec": {
-        "framework": "triton", "source": {"uri": "pvc://c/m"}, "maxConcurrency": 2, "timeoutSeconds": 1.5}})
+        "framework": "triton", "source": {"uri": "pvc://c/m"}, "maxConcurrency": 2, "timeoutSeconds": 1.5, "priority": 7}})
     read_back = model_store.parse_entry(model_store.store_entry(spec), "the catalog")
-    assert (read_back.max_concurrency, read_back.timeout_seconds) == (2, 1.5)
+    assert (read_back.max_concurrency, read_back.timeout_seconds, read_back.priority) == (2, 1.5, 7)
 
 
 def test_the_canary_schema_agrees() -> None:

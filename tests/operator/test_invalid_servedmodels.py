@@ -30,6 +30,7 @@ def _without(field: str) -> dict:
      "should match"),
     (served_model("bad-memory", memory="lots"), "spec.memory", "should match"),
     (served_model("bad-class", latencyClass="urgent"), "spec.latencyClass", 'Unsupported value: "urgent"'),
+    (served_model("too-high", priority=5000), "spec.priority", "less than or equal to 1000"),
 ])
 def test_api_server_refuses_what_the_schema_forbids(cluster: Cluster, manifest: dict, field: str, words: str) -> None:
     result = cluster.apply(manifest, check=False)

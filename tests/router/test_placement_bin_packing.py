@@ -24,8 +24,9 @@ def pod(name: str, free_mib: int, budget_mib: int = 1000, node: str = "", copies
 
 
 def copy(model: str, mib: int, idle_s: float, age_s: float = 600.0, load_s: float = 1.0, frequency: float = 1.0,
-         queued: int = 0) -> Candidate:
-    return Candidate(model, mib * MiB, idle_s=idle_s, age_s=age_s, load_seconds=load_s, frequency=frequency, queued=queued)
+         queued: int = 0, priority: int = 0) -> Candidate:
+    return Candidate(model, mib * MiB, idle_s=idle_s, age_s=age_s, load_seconds=load_s, frequency=frequency, queued=queued,
+                     priority=priority)
 
 
 def test_cold_model_goes_to_the_tightest_pod_it_fits():
@@ -103,3 +104,13 @@ def test_replica_falls_back_to_the_same_node_when_no_other_node_has_room():
     pods = [pod("holder", 500, node="n1"), pod("same-node", 200, node="n1"), pod("other-node", 50, node="n2", budget_mib=50)]
     assert place_replica("m", 100 * MiB, pods, ["http://holder"], SETTINGS).url == "http://same-node"
     assert place_replica("m", 100 * MiB, pods[:1], ["http://holder"], SETTINGS) is None
+
+
+def test_a_load_is_placed_where_it_may_evict_and_waits_where_only_higher_priorities_are():
+    # a holds one idle, cheap copy of priority 50; b a busy, costly one of priority 0
+    a = pod("a", 0, copies=(copy("vip", 300, idle_s=900, load_s=0.1, priority=50),))
+    b = pod("b", 0, copies=(copy("popular", 300, idle_s=1, load_s=5.0, frequency=40),))
+    assert place_cold("new", 300 * MiB, [a, b], SETTINGS, priority=50).evicts == ("vip",)  # equals: the cost model
+    decision = place_cold("new", 300 * MiB, [a, b], SETTINGS, priority=10)
+    assert (decision.url, decision.evicts) == ("http://b", ("popular",))  # vip is above it: never its victim
+    assert place_cold("new", 300 * MiB, [a], SETTINGS, priority=10).reason == "queue"  # waits for room there

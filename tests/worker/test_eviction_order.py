@@ -122,3 +122,15 @@ def test_choose_victims_takes_the_shortest_prefix_that_frees_enough() -> None:
     assert choose_victims(policy, candidates, bytes_needed=10) is None
     assert choose_victims(policy, candidates, bytes_needed=0) == []
     assert eviction_cost([Candidate("q", 1, load_seconds=2.0, frequency=3)]) == pytest.approx(6.0)
+
+
+def test_lower_priorities_go_first_and_a_load_never_evicts_a_higher_one() -> None:
+    policy = EvictionPolicy(churn_guard_s=0)
+    candidates = [Candidate("vip", 1, idle_s=900, priority=100), Candidate("std", 1, idle_s=5),
+                  Candidate("backfill", 1, idle_s=1, load_seconds=5.0, frequency=40, priority=-5)]
+    # the least recently used and the cheapest copy is kept: priority decides before the cost model
+    assert [c.model_id for c in policy.order(candidates)] == ["backfill", "std", "vip"]
+    assert [c.model_id for c in choose_victims(policy, candidates, bytes_needed=2, priority=0)] == ["backfill", "std"]
+    assert choose_victims(policy, candidates, bytes_needed=3, priority=0) is None  # vip stays: the load waits
+    assert choose_victims(policy, candidates, bytes_needed=1, priority=-10) is None  # below every copy here
+    assert len(choose_victims(policy, candidates, bytes_needed=3, priority=100)) == 3  # equals may evict each other

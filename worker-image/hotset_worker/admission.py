@@ -1,5 +1,6 @@
 """The admission queue: requests whose model has no copy and no room yet, first come first served,
-realtime models first (``LatencyClass``: their callers are waiting in a request path).
+higher priorities first (``ModelSpec.priority``), and among equals realtime models first
+(``LatencyClass``: their callers are waiting in a request path).
 
 Requests for the same model share one place (a ``Ticket``): when room frees
 up, the model at the head is loaded once for all of them. The queue is
@@ -34,7 +35,7 @@ class AdmissionQueue:
         self.max_requests = max_requests
         self.tickets: dict[str, Ticket] = {}  # insertion order is arrival order
         self.requests = 0
-        self._realtime = 0  # tickets of realtime models (the head is the oldest of them, if any)
+        self._ranked = 0  # tickets of realtime models or of a priority other than 0 (none: the head is the oldest)
 
     def __bool__(self) -> bool:
         return bool(self.tickets)
@@ -50,7 +51,7 @@ class AdmissionQueue:
         ticket = self.tickets.get(spec.id)
         if ticket is None:
             ticket = self.tickets[spec.id] = Ticket(spec, asyncio.get_running_loop().create_future(), since=now)
-            self._realtime += _is_realtime(ticket)
+            self._ranked += _is_ranked(ticket)
         ticket.waiters += 1
         self.requests += 1
         return ticket
@@ -63,9 +64,10 @@ class AdmissionQueue:
             self._remove(ticket)  # nobody waits any more: its load is not started
 
     def head(self) -> Ticket | None:
-        """The ticket admitted next: the oldest realtime one, else the oldest."""
-        if self._realtime:
-            return next(t for t in self.tickets.values() if _is_realtime(t))
+        """The ticket admitted next: the oldest of the highest priority, realtime before others of
+        the same priority. A scan only while some ticket is ranked (the queue is bounded)."""
+        if self._ranked:
+            return max(self.tickets.values(), key=_rank)  # max keeps the first (oldest) of equals
         return next(iter(self.tickets.values()), None)
 
     def admit(self, ticket: Ticket, copy: Copy) -> None:
@@ -81,7 +83,7 @@ class AdmissionQueue:
 
     def _remove(self, ticket: Ticket) -> None:
         del self.tickets[ticket.spec.id]
-        self._realtime -= _is_realtime(ticket)
+        self._ranked -= _is_ranked(ticket)
 
     def waiting(self, now: float) -> list[tuple[str, int, float]]:
         """(model, requests, seconds its first request has waited), in arrival order."""
@@ -92,11 +94,15 @@ class AdmissionQueue:
             if not ticket.admitted.done():
                 _fail(ticket.admitted, error)
         self.tickets.clear()
-        self._realtime = 0
+        self._ranked = 0
 
 
-def _is_realtime(ticket: Ticket) -> bool:
-    return ticket.spec.latency_class is LatencyClass.REALTIME
+def _rank(ticket: Ticket) -> tuple[int, bool]:
+    return ticket.spec.priority, ticket.spec.latency_class is LatencyClass.REALTIME
+
+
+def _is_ranked(ticket: Ticket) -> bool:
+    return _rank(ticket) != (0, False)
 
 
 def _fail(future: asyncio.Future, error: BaseException) -> None:

@@ -180,16 +180,16 @@ class CopyTable:
         return Candidate(
             model_id=copy.model_id, bytes=copy.bytes, idle_s=now - copy.last_used, age_s=now - copy.loaded_at,
             load_seconds=self.load_cost(copy.model_id), frequency=stats.demand.value(now),
-            inflight=copy.inflight, queued=copy.queued,
+            inflight=copy.inflight, queued=copy.queued, priority=copy.spec.priority,
         )
 
     def victims(self, extra_bytes: int, extra_slots: int, exclude: str | None,
                 count_unloading: bool, count_excluded: bool = True,
-                forced: Sequence[Candidate] = ()) -> list[Candidate] | None:
+                forced: Sequence[Candidate] = (), priority: int | None = None) -> list[Candidate] | None:
         """Copies to evict so that everything counted plus the extra fits; None when impossible now.
         `exclude` is never a victim (and with `count_excluded=False` not counted either); `forced`
         go whatever room they free (copies of a latency class the load may not share the pod with),
-        and the policy chooses the rest.
+        and the policy chooses the rest, of at most `priority` (the loading model's).
 
         A new load (`count_unloading`) waits for copies being unloaded to be gone: their memory is
         not free yet. A finished load does not count them again (their memory is the room of
@@ -205,7 +205,7 @@ class CopyTable:
             return list(forced)
         going = {victim.model_id for victim in forced}
         rest = choose_victims(self.policy, [c for c in self._candidates(exclude) if c.model_id not in going],
-                              bytes_needed, slots_needed)
+                              bytes_needed, slots_needed, priority)
         return None if rest is None else [*forced, *rest]
 
     def class_conflicts(self, spec: ModelSpec) -> list[Copy]:
@@ -228,10 +228,15 @@ class CopyTable:
         without the copies being unloaded: the hard budget's count."""
         return sum(copy.bytes for copy in self.all_copies() if unloading or copy.state is not CopyState.UNLOADING)
 
-    def evictable(self, bytes_needed: int, exclude: str) -> list[Candidate] | None:
+    def evictable(self, bytes_needed: int, exclude: str, priority: int | None = None) -> list[Candidate] | None:
         """Copies to unload first so that `bytes_needed` more bytes are free, in the cost model's
-        order; None when the evictable copies cannot free that much."""
-        return choose_victims(self.policy, self._candidates(exclude), bytes_needed, 0)
+        order, of at most `priority`; None when the evictable copies cannot free that much."""
+        return choose_victims(self.policy, self._candidates(exclude), bytes_needed, 0, priority)
+
+    def higher_priority(self, priority: int) -> list[str]:
+        """Models whose copies here a load of `priority` may not evict (what a refusal names)."""
+        return sorted(key for key, copy in self.copies.items()
+                      if copy.spec.priority > priority and copy.state is not CopyState.UNLOADING)
 
     def _candidates(self, exclude: str | None) -> list[Candidate]:
         """Copies that may be evicted now: ready, not promised to a load, not rolling, not pinned."""

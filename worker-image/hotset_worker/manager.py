@@ -193,6 +193,7 @@ class CopyView:
     queued: int = 0
     version: str = ""
     reason: str = ""
+    priority: int = 0
 
 
 @dataclass(frozen=True)
@@ -388,7 +389,7 @@ class ModelManager:
             loaded_at_s=max(0.0, now - copy.loaded_at) if copy.loaded_at else 0.0,
             load_seconds=self.table.load_cost(key), frequency=stats.demand.value(now) if stats else 0.0,
             queued=copy.queued + (ticket.waiters if ticket else 0), version=copy.spec.version,
-            reason=copy.rollout_error,
+            reason=copy.rollout_error, priority=copy.spec.priority,
         )
 
     def deadline(self, timeout_s: float | None) -> float:
@@ -563,7 +564,8 @@ class ModelManager:
             outcome = "deadline"
             raise errors.NoCapacity(
                 f"no room for model {spec.id!r}: the request's deadline passed after {self.clock.now() - started:.1f}s "
-                f"in the admission queue ({self.queue.requests - 1} others wait); {self._occupancy()}",
+                f"in the admission queue ({self.queue.requests - 1} others wait){self._outranked_by(spec)}; "
+                f"{self._occupancy()}",
                 retry_after_s=self._retry_after(spec),
             ) from None
         except errors.HotsetError:
@@ -615,6 +617,14 @@ class ModelManager:
     def _retry_after(self, spec: ModelSpec) -> int:
         """Seconds a refused client should wait: about one load of this model, at least one."""
         return max(1, math.ceil(self.table.load_cost(spec.id) or 1.0))
+
+    def _outranked_by(self, spec: ModelSpec) -> str:
+        """What a refusal says when copies of higher priority hold room `spec` may not take."""
+        higher = self.table.higher_priority(spec.priority)
+        if not higher:
+            return ""
+        return (f"; its priority {spec.priority} may not evict the copies of higher priority here "
+                f"({', '.join(higher[:3])}{', ...' if len(higher) > 3 else ''})")
 
     def _occupancy(self) -> str:
         loading = self.table.loading_ids()
@@ -668,7 +678,7 @@ class ModelManager:
             copy.rollout_error = room.refusal
             log.warning("%s", room.refusal)
         for victim in room.evict_first:
-            self._begin_unload(self.table.copies[victim.model_id], evicted=True)
+            self._begin_unload(self.table.copies[victim.model_id], evicted=True, by=spec)
         if not room.fits_now:
             self._rollouts_waiting.add(spec.id)
             return False  # tried again once an unload is done, on the next request, or the next check
@@ -707,7 +717,7 @@ class ModelManager:
         if forced is None:
             return None
         victims = self.table.victims(extra_bytes=estimate, extra_slots=1, exclude=None, count_unloading=True,
-                                     forced=forced)
+                                     forced=forced, priority=spec.priority)
         if victims is None:
             return None
         copy = self.table.start_load(spec, estimate, victims, asyncio.get_running_loop().create_future())
@@ -806,10 +816,11 @@ class ModelManager:
             for victim in list(self.table.copies.values()):
                 if victim.promised_to == copy.model_id and victim.state is CopyState.READY:
                     leaving += victim.bytes
-                    self._begin_unload(victim, evicted=True)
+                    self._begin_unload(victim, evicted=True, by=copy.spec)
             if over > leaving:  # a load admitted beside it failed meanwhile, and its victims count again
-                for extra in self.table.evictable(over - leaving, exclude=copy.model_id) or []:
-                    self._begin_unload(self.table.copies[extra.model_id], evicted=True)
+                for extra in self.table.evictable(over - leaving, exclude=copy.model_id,
+                                                  priority=copy.spec.priority) or []:
+                    self._begin_unload(self.table.copies[extra.model_id], evicted=True, by=copy.spec)
             if self.clock.now() >= give_up:
                 raise errors.NoCapacity(
                     f"model {copy.model_id!r}: no room for its {format_bytes(copy.bytes)} could be made within the "
@@ -868,7 +879,8 @@ class ModelManager:
             copy.replaces.promised_to = spec.id  # a rollout's old copy stays out of the count: it is leaving
         # Copies still unloading were already given up for loads admitted before this one: their
         # memory is that earlier room, so only what is not leaving counts here.
-        victims = self.table.victims(extra_bytes=0, extra_slots=0, exclude=spec.id, count_unloading=False)
+        victims = self.table.victims(extra_bytes=0, extra_slots=0, exclude=spec.id, count_unloading=False,
+                                     priority=spec.priority)
         if victims is None:
             if copy.replaces is not None:
                 self.table.cancel_rollout(copy.replaces)
@@ -887,9 +899,9 @@ class ModelManager:
             copy.transient = True  # serve what waits for it, keep the more valuable copies...
             # ...but what is over the budget even without it (a load admitted meanwhile) still goes.
             victims = self.table.victims(extra_bytes=0, extra_slots=0, exclude=spec.id, count_unloading=False,
-                                         count_excluded=False) or []
+                                         count_excluded=False, priority=spec.priority) or []
         for victim in victims:
-            self._begin_unload(self.table.copies[victim.model_id], evicted=True)
+            self._begin_unload(self.table.copies[victim.model_id], evicted=True, by=spec)
         for other in self.table.class_conflicts(spec):  # promised to this load at its start: they go now
             if other.state is CopyState.READY and not self.is_pinned(other.model_id):
                 log.info("evicting %s: a %s model never shares a pod with the %s model %s", other.model_id,
@@ -925,10 +937,16 @@ class ModelManager:
 
     # ----- unloading -------------------------------------------------------
 
-    def _begin_unload(self, copy: Copy, evicted: bool) -> None:
+    def _begin_unload(self, copy: Copy, evicted: bool, by: ModelSpec | None = None) -> None:
+        """`copy` starts leaving; `evicted`: to make room, for `by`'s load when one wanted it (the
+        log names the preempting model when priorities decided)."""
         self.table.start_unload(copy, asyncio.get_running_loop().create_future())
         if evicted:
-            log.info("evicting %s (%s)", copy.model_id, format_bytes(copy.bytes))
+            if by is not None and by.priority > copy.spec.priority:
+                log.info("evicting %s (%s, priority %d): preempted by the load of %s (priority %d)", copy.model_id,
+                         format_bytes(copy.bytes), copy.spec.priority, by.id, by.priority)
+            else:
+                log.info("evicting %s (%s)", copy.model_id, format_bytes(copy.bytes))
             self._observer.model_evicted(copy.spec)
         self._spawn(self._finish_unload(copy))
 

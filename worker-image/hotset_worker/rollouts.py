@@ -63,7 +63,7 @@ def room_for(table: CopyTable, copy: Copy, spec: ModelSpec) -> Room:
     still_needed = table.held_bytes(unloading=False) + estimate - budget  # once the unloads under way are done
     if still_needed <= 0:
         return Room(estimate)
-    victims = table.evictable(still_needed, exclude=copy.model_id)
+    victims = table.evictable(still_needed, exclude=copy.model_id, priority=spec.priority)
     if victims is None:  # copies in flight for loads, or promised to them: room comes as they finish
         return Room(estimate, refusal=(
             f"rollout of {spec.id!r} to version {spec.version} waits for room: "

@@ -340,7 +340,7 @@ def copy_of(view: Any, progress: str = "") -> wire.ModelCopy:
         id=view.model_id, framework=view.framework, state=view.state, bytes=view.bytes, pinned=view.pinned,
         inflight=view.inflight, last_used_s=view.last_used_s, loaded_at_s=view.loaded_at_s,
         load_seconds=view.load_seconds, frequency=view.frequency, queued=view.queued, version=view.version,
-        reason=view.reason, progress=progress,
+        reason=view.reason, progress=progress, priority=view.priority,
     )
 
 
@@ -356,4 +356,5 @@ def catalog_entry(spec: ModelSpec, known_bytes: int) -> wire.CatalogEntry:
                              name=spec.name, type=spec.task.value, version=spec.version, description=spec.description,
                              base_model=spec.base_model, canary=canary.id if canary else "",
                              canary_weight=canary.variant_weight if canary else 0,
-                             latency_class=spec.latency_class, load_timeout_s=spec.load_timeout_seconds or 0.0)
+                             latency_class=spec.latency_class, load_timeout_s=spec.load_timeout_seconds or 0.0,
+                             priority=spec.priority)

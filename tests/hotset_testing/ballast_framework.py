@@ -9,6 +9,8 @@ Manager and API tests use it to control sizes and timings exactly, passing
 """
 from __future__ import annotations
 
+import asyncio
+
 import collections
 import json
 import threading
@@ -214,3 +216,9 @@ def catalog(root: Path, models: dict[str, dict[str, Any]]) -> MemoryModelStore:
 def manager(store: MemoryModelStore, budget: int, **options: Any) -> ModelManager:
     """A real ModelManager whose every model is a ballast model."""
     return ModelManager(store, WorkerContext(), budget, create_worker=create_worker, **options)
+
+
+async def predict(manager: ModelManager, model_id: str, timeout_s: float | None = None) -> str:
+    """One request for `model_id` through the manager (admission, load, use); the model that answered."""
+    async with manager.use(model_id, timeout_s) as worker:
+        return (await asyncio.to_thread(worker.predict, [1]))["model"]

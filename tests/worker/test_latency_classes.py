@@ -15,17 +15,12 @@ import pytest
 from hotset_common import errors
 from hotset_common.spec import LatencyClass, ModelSpec
 from hotset_testing import ballast_framework as ballast
-from hotset_testing.ballast_framework import MiB
+from hotset_testing.ballast_framework import MiB, predict
 
 
 @pytest.fixture(autouse=True)
 def _counters() -> None:
     ballast.reset_counters()
-
-
-async def predict(manager, model_id: str, timeout_s: float | None = None) -> str:
-    async with manager.use(model_id, timeout_s) as worker:
-        return (await asyncio.to_thread(worker.predict, [1]))["model"]
 
 
 def test_the_class_defaults_to_standard_and_only_realtime_and_batch_exclude_each_other() -> None:

@@ -17,17 +17,12 @@ import pytest
 from hotset_common import errors
 from hotset_common.spec import ModelSpec
 from hotset_testing import ballast_framework as ballast
-from hotset_testing.ballast_framework import MiB
+from hotset_testing.ballast_framework import MiB, predict
 
 
 @pytest.fixture(autouse=True)
 def _counters() -> None:
     ballast.reset_counters()
-
-
-async def predict(manager, model_id: str, timeout_s: float | None = None) -> str:
-    async with manager.use(model_id, timeout_s) as worker:
-        return (await asyncio.to_thread(worker.predict, [1]))["model"]
 
 
 def test_priority_defaults_to_zero_and_is_bounded() -> None:

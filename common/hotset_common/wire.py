@@ -280,3 +280,6 @@ class WorkerStatus(BaseModel):
     # The half-life of each copy's decayed request count (`frequency`; eviction.DecayedCount), so a
     # reader can tell how many requests arrived between two reports.
     demand_half_life_s: float = 30.0
+    # The port the worker serves OIP v2 over gRPC on, at the host of its HTTP URL (grpc_wire.py);
+    # None: it serves none. The router learns where to send gRPC from here, in every mode.
+    grpc_port: int | None = None

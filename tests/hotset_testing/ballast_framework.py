@@ -154,6 +154,7 @@ class BallastWorker(FrameworkWorker):
             raise errors.BadInput(f"model {self.spec.id!r} expects input 'INPUT0', got {sorted(inputs)}")
         if tensor.dtype != np.float32:
             raise errors.BadInput(f"input 'INPUT0' must be FP32, got {tensor.dtype}")
+        time.sleep(self._predict_delay_s)
         return {
             "OUTPUT0": (tensor * self._factor).astype(np.float32),
             "MODEL": np.array([self.spec.id.encode()], dtype=np.object_),
@@ -193,7 +194,7 @@ def catalog(root: Path, models: dict[str, dict[str, Any]]) -> MemoryModelStore:
 
     ``"batching"`` is the spec's (``{"maxBatchSize": 8, "maxDelayMs": 5}``: requests then share passes);
     ``"latency_class"`` is the spec's (``"realtime"``, ``"batch"``); so is ``"priority"``;
-    ``"predict_delay"`` makes each predict() (and batched pass) take that long; ``"warmup"`` lists the spec's warm-up inputs. A model with ``"missing": True`` has no file; ``"corrupt": True`` has a broken one.
+    ``"predict_delay"`` makes each predict(), infer() (and batched pass) take that long; ``"warmup"`` lists the spec's warm-up inputs. A model with ``"missing": True`` has no file; ``"corrupt": True`` has a broken one.
     """
     store = MemoryModelStore()
     for model_id, options in models.items():

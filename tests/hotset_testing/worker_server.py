@@ -45,9 +45,11 @@ def ballast_app(
     max_model_queue: int = 64,
     file_roots: tuple[Path, ...] | None = None,
     inference_threads: int | None = None,
+    grpc_address: str | None = None,
     **manager_options: Any,
 ) -> FastAPI:
-    """A complete worker app whose in-process models are ballast models."""
+    """A complete worker app whose in-process models are ballast models (`grpc_address`: OIP v2
+    over gRPC there too, e.g. ``127.0.0.1:0``; the port is in its ``/status``)."""
     metrics = WorkerMetrics(pod_name, budget)
     backends = Backends([TritonBackend(triton_url)])
     manager_options.setdefault("policy", EvictionPolicy(churn_guard_s=0))
@@ -56,7 +58,8 @@ def ballast_app(
         observer=metrics, preflight=backends.require, create_worker=ballast.create_worker, **manager_options,
     )
     return api.create_app(manager, metrics, backends, pod_name=pod_name, max_body_bytes=max_body_bytes, pinned_check_s=0.2,
-                          api_token=api_token, max_model_queue=max_model_queue, inference_threads=inference_threads)
+                          api_token=api_token, max_model_queue=max_model_queue, inference_threads=inference_threads,
+                          grpc_address=grpc_address)
 
 
 @contextlib.contextmanager

@@ -28,6 +28,8 @@ status by the one shared handler. Choices worth knowing:
   ``/status`` reports those copies LOADING (coming back: the worker drops
   them once the sidecar answers without them, and loads them again), so the
   router sends their requests nowhere they would fail meanwhile.
+- The same OIP v2 over gRPC (``inference.GRPCInferenceService``) on a port of
+  its own when ``grpc_address`` is given: grpc_api.py, onto the same data plane.
 - With an API token (cluster mode), every endpoint but the health probes,
   ``/metrics`` and the OpenAPI description needs ``Authorization: Bearer
   <token>`` (401): only the router and the operator hold it.
@@ -40,12 +42,13 @@ import json
 import logging
 from typing import Any, AsyncIterator, Callable
 
+import grpc
 import pydantic
 from fastapi import FastAPI, Header, Request, Response
 from fastapi.responses import JSONResponse
 
 from hotset_common import errors, http, wire
-from hotset_worker import codec, openai_routes, status_report
+from hotset_worker import codec, grpc_api, openai_routes, status_report
 from hotset_worker.backends import Backends
 from hotset_worker.dataplane import OFF_LOOP_BYTES, DataPlane
 from hotset_worker.limits import DEFAULT_MAX_QUEUE as DEFAULT_MAX_MODEL_QUEUE, ModelLimiter
@@ -58,6 +61,7 @@ log = logging.getLogger(__name__)
 SERVER_NAME = "hotset-worker"
 TRITON = "triton"  # the backend /status reports as triton_ready
 SERVER_VERSION = "0.1.0"
+EXTENSIONS = ["binary_tensor_data", "model_repository"]
 DEFAULT_MAX_BODY_BYTES = 64 * 2**20
 # Paths that answer without the API token: the kubelet's probes, Prometheus, the API's description.
 OPEN_PATHS = frozenset({"/v2/health/live", "/v2/health/ready", "/metrics", "/openapi.json", "/docs"})
@@ -78,6 +82,7 @@ def create_app(
     api_token: str = "",
     max_model_queue: int = DEFAULT_MAX_MODEL_QUEUE,
     draining: Callable[[], bool] = lambda: False,
+    grpc_address: str | None = None,
 ) -> FastAPI:
     """A worker app around an assembled manager; it owns their lifetime from start-up to shutdown.
 
@@ -86,7 +91,8 @@ def create_app(
     Every `backend_sync_s`, what each backend (the Triton sidecar) holds is compared with
     the table (a restarted sidecar comes back empty; see backends). `api_token`: see the module
     docstring. `draining()` says the server is shutting down: readiness answers 503 so that
-    no new traffic comes, while requests already sent are still served.
+    no new traffic comes, while requests already sent are still served. `grpc_address` (host:port;
+    port 0: a free one): also serve OIP v2 over gRPC there (grpc_api.py), in this app's lifespan.
     """
     report = ModelsReport(manager)
     reports = status_report.StatusReports(manager, pod_name)
@@ -100,9 +106,12 @@ def create_app(
         if load_pinned:
             background.append(asyncio.create_task(manager.keep_pinned_loaded(pinned_check_s)))
         background.append(asyncio.create_task(backends.keep_in_sync(manager, backend_sync_s)))
+        grpc_server = await start_grpc() if grpc_address is not None else None
         try:
             yield
         finally:
+            if grpc_server is not None:
+                await grpc_server.stop(grace=5)  # calls in flight finish, as uvicorn lets requests finish
             await asyncio.gather(preparing, return_exceptions=True)
             for task in background:
                 task.cancel()
@@ -110,6 +119,15 @@ def create_app(
             await manager.close()
             dataplane.close()
             await backends.aclose()
+
+    async def start_grpc() -> grpc.aio.Server:
+        assert grpc_address is not None
+        service = grpc_api.InferenceService(dataplane, readiness, SERVER_NAME, SERVER_VERSION, EXTENSIONS, api_token)
+        server, port = grpc_api.create_server(service, grpc_address, max_body_bytes)
+        await server.start()
+        reports.grpc_port = port  # the router learns it from /status
+        log.info("OIP v2 over gRPC on port %d", port)
+        return server
 
     app = FastAPI(title="hotset worker", version=SERVER_VERSION, lifespan=lifespan)
     http.install_error_handler(app)
@@ -170,7 +188,7 @@ def create_app(
 
     @app.get("/v2")
     async def server_metadata() -> dict[str, Any]:
-        return {"name": SERVER_NAME, "version": SERVER_VERSION, "extensions": ["binary_tensor_data", "model_repository"]}
+        return {"name": SERVER_NAME, "version": SERVER_VERSION, "extensions": EXTENSIONS}
 
     @app.get("/v2/health/live")
     async def live() -> dict[str, bool]:

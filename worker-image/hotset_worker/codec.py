@@ -353,3 +353,48 @@ def _inlined(schema: dict[str, Any]) -> dict[str, Any]:
 # The JSON form of an infer request, for the OpenAPI description (the binary extension appends
 # raw tensors after this header; Inference-Header-Content-Length says where the header ends).
 INFER_REQUEST_SCHEMA: dict[str, Any] = _inlined(_InferRequestHeader.model_json_schema())
+
+
+# ----- tensors of other wire formats (gRPC) -----------------------------------
+
+
+def tensor_from_raw(name: str, shape: list[int], datatype: str, raw: bytes | memoryview) -> np.ndarray:
+    """A tensor from its raw little-endian bytes (BYTES: length-prefixed elements), checked as a
+    binary HTTP input is: the same messages for the same mistakes."""
+    return _tensor_from_binary(_described(name, shape, datatype), memoryview(raw))
+
+
+def tensor_from_values(name: str, shape: list[int], datatype: str, values: list[Any]) -> np.ndarray:
+    """A tensor from a flat list of values (gRPC's typed contents), checked as JSON ``data`` is."""
+    return _tensor_from_json(_described(name, shape, datatype, data=values))
+
+
+def numpy_dtype(name: str, datatype: str) -> np.dtype:
+    """The numpy dtype of an input's datatype; 400 naming the input and the supported ones."""
+    return _dtype(_described(name, [], datatype))
+
+
+def _described(name: str, shape: list[int], datatype: str, data: Any = None) -> _Tensor:
+    if not name:
+        raise errors.InvalidRequest("every input needs a name")
+    negative = [d for d in shape if d < 0]
+    if negative:
+        raise errors.BadInput(f"input {errors.excerpt(name)}: shape {list(shape)} has a negative dimension")
+    return _Tensor.model_construct(name=name, shape=list(shape), datatype=datatype, parameters={}, data=data)
+
+
+def wanted_outputs(model_name: str, request: InferRequest, outputs: dict[str, np.ndarray]) -> list[tuple[str, np.ndarray]]:
+    """The outputs a request asked for (all, in the model's order, when it named none), each as an
+    array; 400 naming an output the model does not have."""
+    names = [o.name for o in request.outputs] if request.outputs else list(outputs)
+    missing = [name for name in names if name not in outputs]
+    if missing:
+        raise errors.BadInput(f"model {model_name!r} has no output {errors.excerpt(missing[0])}; outputs: {', '.join(outputs)}")
+    return [(name, np.asarray(outputs[name])) for name in names]
+
+
+def raw_bytes(array: np.ndarray) -> bytes:
+    """An output's raw bytes as the binary extension and gRPC's raw contents carry them."""
+    if datatype_of(array) == "BYTES":
+        return serialize_bytes(array)
+    return np.ascontiguousarray(array, dtype=DATATYPES[datatype_of(array)]).tobytes()

@@ -1,5 +1,6 @@
-"""The inference entry points that the seed API and OIP v2 both call, and the admission path
-(``DataPlane.hold``) that the OpenAI routes share with them.
+"""The inference entry points that the seed API and OIP v2 (HTTP and gRPC) call, and the admission
+path (``DataPlane.hold``) that the OpenAI routes share with them. OIP v2's two wire formats meet
+in ``infer_tensors``: each only decodes its request and encodes its answer.
 
 Each request: wait for one of the model's slots when its spec limits its
 concurrency (``limits.py``), get-or-load the model through the manager
@@ -22,7 +23,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable, Mapping
+from typing import Any, AsyncIterator, Callable, Mapping, TypeVar
 
 from hotset_common import errors, wire
 from hotset_common.spec import ModelSpec
@@ -35,6 +36,18 @@ from hotset_worker.manager import ModelManager, RequestTiming
 from hotset_worker.metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
+
+Answer = TypeVar("Answer")  # an infer answer in one wire format (an HTTP body, a protobuf message)
+
+
+@dataclass(frozen=True)
+class Inferred:
+    """An OIP v2 request's named outputs, before a wire format encodes them (JSON, binary, protobuf)."""
+
+    model_name: str  # what the client asked for (a canary answers under its model's name)
+    model_version: str
+    request: codec.InferRequest  # which outputs it asked for, and its id
+    outputs: dict[str, Any]
 
 
 @dataclass
@@ -132,22 +145,51 @@ class DataPlane:
         timing: RequestTiming | None = None,
         variant: str | None = None,
     ) -> ForwardedResponse:
-        """OIP v2 infer. A loaded model whose framework forwards OIP itself (triton) gets the body
-        and headers untouched and its answer goes back untouched; otherwise `decode` the body
-        (before any load, so a bad body never loads a model), infer, and encode the outputs."""
+        """OIP v2 infer over HTTP: ``infer_tensors`` with the body as it came (a framework that
+        forwards OIP itself gets it untouched), its outputs encoded as the request asked."""
+        def encode(answer: Inferred) -> ForwardedResponse:
+            content, content_headers = codec.encode_response(answer.model_name, answer.model_version, answer.request,
+                                                             answer.outputs)
+            return ForwardedResponse(status=200, headers=content_headers, body=content)
+
+        return await self.infer_tensors(model_name, version, decode, encode, timeout_s, timing, variant,
+                                        forwarded=(body, headers))
+
+    async def infer_tensors(
+        self,
+        model_name: str,
+        version: str | None,
+        decode: Callable[[], codec.InferRequest],
+        encode: Callable[[Inferred], Answer],
+        timeout_s: float | None = None,
+        timing: RequestTiming | None = None,
+        variant: str | None = None,
+        forwarded: tuple[bytes, Mapping[str, str]] | None = None,
+        size: int = 0,
+    ) -> Answer | ForwardedResponse:
+        """OIP v2 infer, whatever the wire format: the one path of HTTP and gRPC requests. `decode`
+        the request (before any load, so a bad request never loads a model; on a thread when it
+        is large: `size`, or the forwarded body's), hold the model (slot, copy, deadline), infer
+        (batched when the copy batches), and `encode` the named outputs in the wire's format (an
+        output the request names but the model lacks is its 400, counted as such). `forwarded`: the
+        HTTP body and headers, given to a loaded model whose framework forwards OIP itself (triton),
+        whose answer then comes back untouched; without it (gRPC) such a model infers on tensors."""
         timing = timing or RequestTiming()
+        size = len(forwarded[0]) if forwarded is not None else size
         async with self._request(model_name, None if version else variant) as outcome:
             spec = outcome.spec
             check_version(spec, version)
             loaded = self.manager.loaded_worker(spec.id)
-            request = None if loaded is not None and loaded.forwards_infer() else await _off_loop(len(body), decode)
+            passes_on = forwarded is not None and loaded is not None and loaded.forwards_infer()
+            request = None if passes_on else await _off_loop(size, decode)
             async with self.hold(spec, timeout_s, timing) as worker:
                 if request is None:
-                    forwarded = await self._forward(spec, worker, body, headers)
-                    if forwarded is not None:
-                        outcome.code = forwarded.status
-                        return forwarded
-                    request = await _off_loop(len(body), decode)
+                    assert forwarded is not None
+                    answer = await self._forward(spec, worker, *forwarded)
+                    if answer is not None:
+                        outcome.code = answer.status
+                        return answer
+                    request = await _off_loop(size, decode)
                 batcher = self.batchers.for_copy(spec, worker)
                 if batcher is not None:
                     inputs, parameters = request.inputs, request.parameters
@@ -156,9 +198,8 @@ class DataPlane:
                                                   lambda: worker.rows_for_infer(inputs, parameters))
                 else:
                     outputs = await self._run(spec, timing, worker.infer, request.inputs, request.parameters)
-            content, content_headers = await _off_loop(_nbytes(outputs), codec.encode_response, spec.variant_of or spec.id,
-                                                       timing.version or spec.version, request, outputs)
-            return ForwardedResponse(status=200, headers=content_headers, body=content)
+            inferred = Inferred(spec.variant_of or spec.id, timing.version or spec.version, request, outputs)
+            return await _off_loop(_nbytes(outputs), encode, inferred)
 
     async def metadata(self, model_name: str, version: str | None) -> dict[str, Any]:
         """OIP v2 model metadata. Asking never loads a model (and evicts nothing): a model that is

@@ -19,7 +19,7 @@ from typing import Callable, Iterator, Mapping, Sequence
 import uvicorn
 from fastapi import FastAPI
 
-from hotset_common import quantity, slow_clients
+from hotset_common import grpc_wire, quantity, slow_clients
 from hotset_common.budget import BudgetMode
 from hotset_common.slow_clients import ClientLimits
 from hotset_common.eviction import DEFAULT_CHURN_GUARD_S, EvictionPolicy
@@ -48,6 +48,7 @@ class Settings:
     model_store: Path | None  # standalone: a JSON file; None: cluster mode follows `catalog_url`
     host: str = "127.0.0.1"
     port: int = 8080
+    grpc_port: int | None = None  # OIP v2 over gRPC (grpc_api.py); None: none; 0: a free port (in /status)
     memory_budget: int | None = None  # None: derived from the device
     gpu_reserve: int | None = None  # bytes of a GPU kept out of the budget; None: 1 GiB + 10% (memory.py)
     max_models: int | None = None
@@ -93,6 +94,7 @@ ENVIRONMENT = {
     "catalog_url": "HOTSET_CATALOG_URL",
     "host": "HOTSET_HOST",
     "port": "HOTSET_PORT",
+    "grpc_port": "HOTSET_GRPC_PORT",
     "memory_budget": "HOTSET_MEMORY_BUDGET",
     "gpu_reserve": "HOTSET_GPU_RESERVE",
     "max_models": "HOTSET_MAX_MODELS",
@@ -149,6 +151,9 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
                              "($HOTSET_CATALOG_URL; the operator sets it)")
     parser.add_argument("--host", default=default("host", "127.0.0.1"))
     parser.add_argument("--port", type=int, default=default("port", 8080))
+    parser.add_argument("--grpc-port", default=default("grpc_port", ""),
+                        help="also serve OIP v2 over gRPC on this port (cluster pods: "
+                             f"{grpc_wire.DEFAULT_PORT}; 0: a free one, named in /status); empty: no gRPC")
     parser.add_argument("--memory-budget", default=default("memory_budget"),
                         help="bytes or a quantity (2Gi); default: the GPU's memory less --gpu-reserve, or half of "
                              "free RAM on CPU; on a GPU never more than that")
@@ -264,6 +269,9 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
     if args.model_store and args.catalog_url:
         parser.error("--model-store and --catalog-url name two catalogs; give one")
     roots = args.source_root if args.source_root is not None else _split(env.get(ENVIRONMENT["source_root"], ""))
+    grpc_port = args.grpc_port.strip() if isinstance(args.grpc_port, str) else str(args.grpc_port)
+    if grpc_port and (not grpc_port.isdigit() or int(grpc_port) > 65535):
+        parser.error(f"--grpc-port must be a port number (0: a free one) or empty, got {args.grpc_port!r}")
     if float(args.backend_sync_s) <= 0:
         parser.error(f"--backend-sync-s must be positive, got {args.backend_sync_s}")
     if float(args.failed_load_backoff_s) < 0:
@@ -284,6 +292,7 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
             catalog_url=args.catalog_url.strip(),
             host=args.host,
             port=int(args.port),
+            grpc_port=int(grpc_port) if grpc_port else None,
             memory_budget=quantity.parse_bytes(args.memory_budget) if args.memory_budget else None,
             gpu_reserve=quantity.parse_bytes(args.gpu_reserve) if args.gpu_reserve not in (None, "") else None,
             max_models=int(args.max_models) if args.max_models not in (None, "") else None,
@@ -443,6 +452,7 @@ def build_app(settings: Settings, store: ModelStore | None = None,
         prepare=lambda: import_frameworks(store, context), inference_threads=settings.inference_threads,
         api_token=settings.api_token, max_model_queue=settings.max_model_queue, draining=draining,
         backend_sync_s=settings.backend_sync_s,
+        grpc_address=f"{settings.host}:{settings.grpc_port}" if settings.grpc_port is not None else None,
     )
 
 

@@ -169,8 +169,10 @@ class StatusReports:
     """Builds every ``GET /status`` answer of one worker from its change log."""
 
     def __init__(self, manager: ReportSource, pod_name: str, clock: Callable[[], float] | None = None,
-                 page: int = DEFAULT_PAGE, entry_of: Callable[[ModelSpec], wire.CatalogEntry] | None = None) -> None:
+                 page: int = DEFAULT_PAGE, entry_of: Callable[[ModelSpec], wire.CatalogEntry] | None = None,
+                 grpc_port: int | None = None) -> None:
         self.manager = manager
+        self.grpc_port = grpc_port  # where this worker serves OIP v2 over gRPC; None: nowhere
         self.entry_of = entry_of or (lambda spec: catalog_entry(spec, manager.known_size(spec)))
         self.pod_name = pod_name
         self.clock = clock or manager.now  # the clock of the times in the manager's views
@@ -302,6 +304,7 @@ class StatusReports:
             removed_catalog=removed_catalog,
             routers=sorted(self._routers),
             demand_half_life_s=half_life,
+            grpc_port=self.grpc_port,
         )
 
     def _memory_sums(self) -> tuple[int, int]:

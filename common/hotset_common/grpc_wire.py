@@ -28,8 +28,8 @@ import grpc
 from hotset_common import errors, wire
 
 SERVICE = "inference.GRPCInferenceService"
-# Where workers and routers serve gRPC unless told otherwise (KServe's model servers use it too).
-DEFAULT_PORT = 8081
+# Where worker pods and the router serve gRPC in a cluster (KServe's model servers use it too).
+DEFAULT_PORT = wire.GRPC_PORT
 # The HTTP status the same failure would have (the router reads it to decide on a retry).
 STATUS_TRAILER = "hotset-status"
 RETRY_AFTER = "retry-after"
@@ -57,6 +57,15 @@ def code_for(status: int) -> grpc.StatusCode:
     if status in _CODES:
         return _CODES[status]
     return grpc.StatusCode.INVALID_ARGUMENT if 400 <= status < 500 else grpc.StatusCode.INTERNAL
+
+
+_STATUSES = {code: status for status, code in _CODES.items() if status not in (422, 429, 499, 507)}
+
+
+def status_for(code: grpc.StatusCode) -> int:
+    """The HTTP status of a gRPC error that came without ``hotset-status`` (gRPC's own refusals,
+    such as a message past the size limit): the inverse of ``code_for``, 500 for the rest."""
+    return _STATUSES.get(code, 500)
 
 
 def trailers(status: int, headers: Mapping[str, str]) -> tuple[tuple[str, str], ...]:

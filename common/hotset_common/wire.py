@@ -18,6 +18,9 @@ from hotset_common.spec import MAX_MODEL_ID, LatencyClass
 # A caller's time budget for one request, in seconds (decimal): how long a worker may let it wait
 # for room and for its model's load. The router sends what is left of its own request timeout.
 TIMEOUT_HEADER = "x-hotset-timeout"
+# Where worker pods and the router serve OIP v2 over gRPC in a cluster (grpc_wire.py); here, not
+# there, so the operator, which builds the pods and speaks no gRPC, reads it without grpcio.
+GRPC_PORT = 8081
 
 
 def parse_timeout(value: str | None) -> float | None:

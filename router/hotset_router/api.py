@@ -4,16 +4,19 @@ Inference bodies (seed ``/predict`` and OIP v2 ``infer``, binary extension
 included) are forwarded untouched by ``inference_asgi``; the router reads
 only the model name (from the path, or ``model_id`` for ``/predict``). Load and unload need the admin
 bearer token: 403 when the router has none configured, 401 when the request
-does not carry it.
+does not carry it. OIP v2 over gRPC, on a port of its own, takes the same request
+path (grpc_gateway.py).
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import dataclasses
+import logging
 import time
 from typing import Any, AsyncIterator
 
+import grpc
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -21,7 +24,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from hotset_common import errors, http, wire
 from hotset_common.http import error_body, install_error_handler
 from hotset_common.wire import CopyState
+from hotset_router import grpc_gateway
 from hotset_router.flood import FloodGuard, Limits
+from hotset_router.grpc_gateway import GrpcGateway
+from hotset_router.grpc_upstream import GrpcWorkerClient
 from hotset_router.inference_asgi import InferenceRoutes, metric_label
 from hotset_router.openai_asgi import OpenAIRoutes
 from hotset_router.service import RouterService
@@ -77,16 +83,31 @@ def models_report(service: RouterService) -> wire.RouterModelsResponse:
 
 
 def create_app(service: RouterService, admin_token: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-               limits: Limits | None = None) -> OpenAIRoutes:
+               limits: Limits | None = None, grpc_address: str | None = None) -> OpenAIRoutes:
     """The gateway: the inference routes in plain ASGI (openai_asgi.py, inference_asgi.py) in front of a
-    FastAPI app for the rest."""
+    FastAPI app for the rest; with `grpc_address` (host:port), OIP v2 over gRPC there too
+    (grpc_gateway.py), started and stopped with the app."""
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await service.start()
+        grpc_server = await start_grpc() if grpc_address is not None else None
         try:
             yield
         finally:
+            if grpc_server is not None:
+                await grpc_server.stop(grace=5)
+                await grpc_client.aclose()
             await service.stop()
+
+    grpc_client = GrpcWorkerClient(service.grpc_port, service.settings.worker_token, max_body_bytes)
+
+    async def start_grpc() -> grpc.aio.Server:
+        assert grpc_address is not None
+        server, port = grpc_gateway.create_server(GrpcGateway(service, guard, grpc_client), grpc_address,
+                                                  max_body_bytes)
+        await server.start()
+        logging.getLogger(__name__).info("OIP v2 over gRPC on port %d", port)
+        return server
 
     app = FastAPI(title=SERVER_NAME, lifespan=lifespan)
     install_error_handler(app)
@@ -112,11 +133,7 @@ def create_app(service: RouterService, admin_token: str | None = None, max_body_
     @app.get("/v2/models/{name}/ready")
     @app.get("/v2/models/{name}/versions/{version}/ready")
     async def model_ready(name: str, version: str | None = None) -> Response:
-        router.check_known(name)
-        known = service.sync.catalog.metadata(name).version
-        if version not in (None, "", known) and known:  # as a worker answers it (404 naming the versions)
-            raise errors.ModelNotFound(f"model {name!r} has no version {version!r}; available: {known!r}")
-        if service.model_map.ready_copies(name):
+        if service.model_ready(name, version):
             return Response(status_code=200)
         return JSONResponse(error_body(f"model {name!r} has no ready copy yet; it loads on its first request"), status_code=503)
 

@@ -1,8 +1,8 @@
 """What keeps a flood of requests from exhausting the router, one guard for every inference route.
 
-The seed API (``/predict``), OIP v2 (``/v2/models/{name}/infer``) and the
-OpenAI routes (``/v1/completions``, ``/v1/chat/completions``,
-``/v1/embeddings``) share one ``FloodGuard``, so a flood on one protocol
+The seed API (``/predict``), OIP v2 (``/v2/models/{name}/infer``, and
+ModelInfer over gRPC), and the OpenAI routes (``/v1/completions``,
+``/v1/chat/completions``, ``/v1/embeddings``) share one ``FloodGuard``, so a flood on one protocol
 counts against the same bounds as the others (the OpenAI routes once had
 none: a client could hold any number of 64 MiB bodies). The bounds:
 
@@ -76,6 +76,15 @@ class FloodGuard:
         self._check_slots()
         self._reserve(reserve, 0)
         return Ticket(reserve)
+
+    def admit_whole(self, size: int) -> Ticket:
+        """A request whose body arrived whole before the router saw it (gRPC reads a message before
+        its handler runs, bounded by max_body_bytes): refused (503) past either bound, else it holds
+        its bytes and a slot until released."""
+        self._check_slots()
+        self._reserve(size, 0)
+        self.requests += 1
+        return Ticket(size, serving=True)
 
     def _check_slots(self) -> None:
         if self.requests >= self.limits.max_requests:

@@ -13,13 +13,15 @@
   zero), the request first waits (within its deadline) while one starts
   (pod_waiter.py); an answer that waited names the wait in its
   Server-Timing (``wire.POD_WAIT_TIMING``).
+- OIP v2 over gRPC (grpc_gateway.py) takes the same path as HTTP
+  (``forward_with``): only the attempt at a pod differs (grpc_upstream.py).
 - Streams (the OpenAI routes) take the same path and return as soon as the
   answer starts; the copy counts the request until the caller closes it.
 """
 from __future__ import annotations
 
 import logging
-from typing import Any, Awaitable, Callable, Mapping, TypeVar
+from typing import Any, Awaitable, Callable, Mapping, Protocol, TypeVar
 
 from hotset_common import errors, wire
 from hotset_common.wire import TIMEOUT_HEADER
@@ -33,7 +35,25 @@ from hotset_router.upstream import PodUnreachable, UpstreamResponse, UpstreamStr
 
 log = logging.getLogger("hotset_router.routing")
 
-Answer = TypeVar("Answer", UpstreamResponse, UpstreamStream)  # what one attempt at a pod returns
+Answer = TypeVar("Answer", bound="Reply")  # what one attempt at a pod returns (whole or streamed)
+Whole = TypeVar("Whole", bound="Reply")  # a whole answer in one wire format (HTTP, gRPC)
+
+
+class Reply(Protocol):
+    """What routing reads of any pod's answer: its status as HTTP's (5xx: try elsewhere), its headers."""
+
+    @property
+    def status_code(self) -> int: ...
+
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+
+    def with_headers(self, headers: Mapping[str, str]) -> Any: ...
+
+
+# One attempt at a pod: (its url, the headers to send, the time it has) -> its answer; PodUnreachable
+# when it did not answer at all.
+Send = Callable[[str, Mapping[str, str], float], Awaitable[Whole]]
 
 
 class Forwarder:
@@ -54,22 +74,33 @@ class Forwarder:
 
     async def forward(self, model: str, method: str, path: str, body: bytes, headers: Mapping[str, str],
                       load: bool = True) -> UpstreamResponse:
-        """Send a request for `model` to a copy within its deadline, retrying once elsewhere on failure.
+        """Send an HTTP request for `model` to a copy within its deadline, retrying once elsewhere on failure.
         `load=False` (metadata): never place a copy; any pod that can load the model answers from its store."""
+        async def send(url: str, sent: Mapping[str, str], timeout_s: float) -> UpstreamResponse:
+            return await self.client.forward(url, method, path, body, sent, timeout_s=timeout_s)
+
+        return await self.forward_with(model, headers, send, load, versioned="/versions/" in path)
+
+    async def forward_with(self, model: str, headers: Mapping[str, str], send: Send[Whole], load: bool = True,
+                           versioned: bool = False) -> Whole:
+        """``forward`` for any wire format: `send(url, headers, timeout_s)` makes one attempt at a pod
+        (HTTP, or gRPC: grpc_upstream.py) and answers with its status sorted as HTTP's, so every
+        protocol gets the same targets, canary split, pod wait, retry and in-flight counts. A request
+        that names a version (`versioned`) gets that version, never a canary."""
         deadline = self.deadlines.deadline(headers)
 
-        async def send() -> UpstreamResponse:
+        async def attempts() -> Whole:
             chosen, sent = model, headers
-            if load and "/versions/" not in path:  # a request that names a version gets that version
+            if load and not versioned:
                 chosen, sent = self.targets.with_variant(model, headers)
 
-            async def attempt(url: str, cold: bool) -> UpstreamResponse | None:
-                return await self._try(url, chosen, method, path, body, sent, deadline, cold and load)
+            async def attempt(url: str, cold: bool) -> Whole | None:
+                return await self._try(url, chosen, send, sent, deadline, cold and load)
 
             return await self._with_one_retry(chosen, deadline, lambda tried: self.targets.target(chosen, tried, load),
                                               attempt)
 
-        return await self._after_pod_wait(model, deadline, send) if load else await send()
+        return await self._after_pod_wait(model, deadline, attempts) if load else await attempts()
 
     async def open_stream(self, model: str, method: str, path: str, body: bytes, headers: Mapping[str, str],
                           prefix: str = "", base: str = "") -> UpstreamStream:
@@ -144,16 +175,16 @@ class Forwarder:
             raise
         return answer.with_headers(wire.with_server_timing(answer.headers, entry))
 
-    async def _try(self, url: str, model: str, method: str, path: str, body: bytes, headers: Mapping[str, str],
-                   deadline: float, loads: bool = False) -> UpstreamResponse | None:
+    async def _try(self, url: str, model: str, send: Send[Whole], headers: Mapping[str, str],
+                   deadline: float, loads: bool = False) -> Whole | None:
         """One attempt within `deadline` (the worker is told the time left); None if the pod did not
         answer. `loads`: this request loads the model there."""
         self.model_map.begin_request(url, model)
-        response: UpstreamResponse | None = None
+        response: Whole | None = None
         left = self.deadlines.time_left(deadline)
         try:
-            response = await self.client.forward(url, method, path, body, {**headers, TIMEOUT_HEADER: f"{max(left, 0.001):.3f}"},
-                                                 timeout_s=left + 0.5)  # the worker answers its own deadline first
+            response = await send(url, {**headers, TIMEOUT_HEADER: f"{max(left, 0.001):.3f}"},
+                                  left + 0.5)  # the worker answers its own deadline first
         except PodUnreachable as exc:
             log.warning("%s", exc)
             # A dead pod also fails its status call and leaves the map at once; a stale

@@ -15,7 +15,7 @@ from typing import Sequence
 
 import uvicorn
 
-from hotset_common import labels, quantity, slow_clients
+from hotset_common import grpc_wire, labels, quantity, slow_clients
 from hotset_router.api import DEFAULT_MAX_BODY_BYTES, create_app
 from hotset_router.flood import Limits
 from hotset_router.discovery import Discovery, KubeDiscovery, StaticDiscovery, read_model_store
@@ -44,6 +44,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--kubeconfig", default=env("KUBECONFIG"))
     p.add_argument("--host", default=env("HOTSET_ROUTER_HOST", "127.0.0.1"))
     p.add_argument("--port", type=int, default=int(env("HOTSET_ROUTER_PORT", "8080")))
+    p.add_argument("--grpc-port", default=env("HOTSET_ROUTER_GRPC_PORT", ""),
+                   help="also serve OIP v2 over gRPC on this port (the chart: "
+                        f"{grpc_wire.DEFAULT_PORT}; 0: a free one); empty: no gRPC")
     p.add_argument("--admin-token", default=env("HOTSET_ADMIN_TOKEN"),
                    help="bearer token for load/unload through the gateway; without it they answer 403")
     p.add_argument("--max-body-bytes", default=env("HOTSET_MAX_BODY_BYTES", str(DEFAULT_MAX_BODY_BYTES)))
@@ -129,7 +132,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     limits = Limits(max_requests=args.max_requests,
                     max_body_bytes_in_flight=quantity.parse_bytes(args.max_body_bytes_in_flight),
                     max_cold_waiters=args.max_cold_waiters)
-    app = create_app(service, args.admin_token, quantity.parse_bytes(args.max_body_bytes), limits)
+    grpc_port = args.grpc_port.strip()
+    if grpc_port and not grpc_port.isdigit():
+        raise SystemExit(f"hotset-router: --grpc-port must be a port number or empty, got {args.grpc_port!r}")
+    app = create_app(service, args.admin_token, quantity.parse_bytes(args.max_body_bytes), limits,
+                     grpc_address=f"{args.host}:{grpc_port}" if grpc_port else None)
     # timeout_graceful_shutdown: on SIGTERM, requests in flight get this long to finish.
     uvicorn.run(host=args.host, port=args.port, log_level=args.log_level.lower(), access_log=False,
                 timeout_graceful_shutdown=30, **slow_clients.serve_options(app, slow_clients.from_arguments(args)))

@@ -108,6 +108,7 @@ class PodView:
     reported: dict[str, CopyView] = dataclasses.field(default_factory=dict)  # what its worker reported
     routers: tuple[str, ...] = ()  # router replicas its worker heard from lately
     held: int = 0  # shown copies that occupy memory (not failed loads)
+    grpc_port: int | None = None  # where its worker serves OIP v2 over gRPC (at its URL's host); None: nowhere
 
     def ready_models(self) -> set[str]:
         return {m for m, c in self.copies.items() if c.state == CopyState.READY}
@@ -198,6 +199,7 @@ class ModelMap:
         pod.max_models = status.max_models
         pod.churn_guard_s = status.churn_guard_s
         pod.queued = status.queued_requests
+        pod.grpc_port = status.grpc_port
         pod.draining = draining
         routers = tuple(status.routers)
         if routers != pod.routers:

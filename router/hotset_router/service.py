@@ -10,7 +10,7 @@ import dataclasses
 import random
 import secrets
 
-from hotset_common import labels
+from hotset_common import errors, labels
 from hotset_common.spec import Placement
 from hotset_router import placement
 from hotset_router.discovery import Discovery
@@ -90,6 +90,20 @@ class RouterService:
         dedicated = spec is not None and spec.placement == Placement.DEDICATED
         wanted = labels.dedicated_pool(model) if dedicated else labels.SHARED_POOL
         return pool == wanted
+
+    def model_ready(self, name: str, version: str | None) -> bool:
+        """OIP's model readiness (HTTP and gRPC alike): whether `name` has a ready copy; 404 for a
+        model no worker serves, or a version it does not have (as a worker answers). Never loads."""
+        self.router.check_known(name)
+        known = self.sync.catalog.metadata(name).version
+        if version not in (None, "", known) and known:
+            raise errors.ModelNotFound(f"model {name!r} has no version {version!r}; available: {known!r}")
+        return bool(self.model_map.ready_copies(name))
+
+    def grpc_port(self, url: str) -> int | None:
+        """Where the worker at `url` serves OIP v2 over gRPC, as its last report said; None: nowhere."""
+        pod = self.model_map.pod(url)
+        return pod.grpc_port if pod is not None else None
 
     def limits_for(self, model: str) -> ModelLimits:
         """A model's min/max copies from its spec; models without one get the router's default."""

@@ -1,0 +1,136 @@
+"""OIP v2 over gRPC through the router: the stock tritonclient.grpc client and a client generated from
+the standard proto, with the HTTP path's routing (a cold model loads on its first request), limits
+(the flood guard) and errors (the worker's message, as a gRPC code)."""
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import subprocess
+import sys
+
+import grpc
+import httpx
+import numpy as np
+import pytest
+import tritonclient.grpc as triton_grpc
+from tritonclient.utils import InferenceServerException
+
+from gateway_helpers import ROOT, copies, wait_for, write_ballast_store
+from hotset_testing.processes import free_port
+
+TOKEN = "pod-secret"
+
+
+@pytest.fixture(scope="module")
+def stack(module_procs, tmp_path_factory):
+    """Two workers that need a token (the router holds it), a router serving gRPC; (router, workers, address)."""
+    store = write_ballast_store(tmp_path_factory.mktemp("models"), {
+        "scaler": {"mib": 4}, "other": {"mib": 4}, "slow": {"mib": 4, "predict_delay": 2.0}})
+    workers = module_procs.workers(store, ["100Mi", "100Mi"], extra=["--grpc-port", "0", "--api-token", TOKEN])
+    port = free_port()
+    router = module_procs.router(workers, args=["--grpc-port", str(port), "--worker-token", TOKEN, "--max-requests", "1"])
+    return router, workers, f"127.0.0.1:{port}"
+
+
+@pytest.fixture
+def client(stack):
+    client = triton_grpc.InferenceServerClient(stack[2])
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+def fp32(values: np.ndarray) -> triton_grpc.InferInput:
+    tensor = triton_grpc.InferInput("INPUT0", list(values.shape), "FP32")
+    tensor.set_data_from_numpy(values)
+    return tensor
+
+
+def refusal(call) -> InferenceServerException:
+    with pytest.raises(InferenceServerException) as caught:
+        call()
+    return caught.value
+
+
+def test_tritonclient_grpc_infers_through_the_router_and_a_cold_model_loads(stack, client) -> None:
+    router = stack[0]
+    assert client.is_server_live() and client.is_server_ready()
+    assert client.get_server_metadata().name == "hotset-router"
+    assert not client.is_model_ready("scaler")  # cold
+    metadata = client.get_model_metadata("scaler")  # a worker describes it from its files: nothing loads
+    assert [(i.name, i.datatype) for i in metadata.inputs] == [("INPUT0", "FP32")]
+    assert copies(router.url, "scaler") == []
+    values = np.array([[1.0, -2.5, 4.0]], dtype=np.float32)
+    result = client.infer("scaler", [fp32(values)], request_id="first")
+    np.testing.assert_allclose(result.as_numpy("OUTPUT0"), values * 2)
+    assert result.get_response().id == "first" and result.get_response().model_name == "scaler"
+    assert len(copies(router.url, "scaler")) == 1 and client.is_model_ready("scaler")
+
+
+def test_a_client_generated_from_the_standard_proto_works_through_the_router(stack, tmp_path) -> None:
+    script = ROOT / "tests/oip/generated_client.py"
+    done = subprocess.run([sys.executable, str(script), str(tmp_path), stack[2]], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["live"] and report["ready"] and report["server"] == "hotset-router"
+    assert report["inputs"] == [["INPUT0", "FP32", [-1]]]
+    typed, raw = report["answers"]
+    assert typed == {"id": "typed", "model": "scaler", "outputs": ["OUTPUT0", "MODEL"], "OUTPUT0": [2.0, 4.0, 6.0]}
+    assert raw == {"id": "raw", "model": "scaler", "outputs": ["OUTPUT0"], "OUTPUT0": [1.0, -8.0]}
+    assert report["model_ready"]
+    assert report["unknown"] == ["NOT_FOUND", "model 'no-such-model' is not served by any worker"]
+
+
+def test_errors_are_the_http_messages_as_grpc_codes(client) -> None:
+    error = refusal(lambda: client.infer("no-such-model", [fp32(np.ones(1, dtype=np.float32))]))
+    assert error.status() == "StatusCode.NOT_FOUND" and "'no-such-model'" in error.message()
+    assert refusal(lambda: client.is_model_ready("no-such-model")).status() == "StatusCode.NOT_FOUND"
+    short = fp32(np.ones(4, dtype=np.float32))
+    short._raw_content = short._raw_content[:8]
+    error = refusal(lambda: client.infer("scaler", [short]))  # the worker's refusal, passed on
+    assert error.status() == "StatusCode.INVALID_ARGUMENT"
+    assert error.message() == "input 'INPUT0': shape [4] of FP32 needs 16 bytes, got 8"
+    wrong = triton_grpc.InferInput("INPUT0", [2], "INT32")
+    wrong.set_data_from_numpy(np.ones(2, dtype=np.int32))
+    error = refusal(lambda: client.infer("scaler", [wrong]))
+    assert error.status() == "StatusCode.INVALID_ARGUMENT" and "must be FP32" in error.message()
+
+
+def test_the_workers_grpc_port_needs_the_token_the_router_adds(stack) -> None:
+    worker = stack[1][0]
+    port = httpx.get(f"{worker.url}/status", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10).json()["grpc_port"]
+    direct = triton_grpc.InferenceServerClient(f"127.0.0.1:{port}")
+    try:
+        for headers in ({}, {"authorization": "Bearer wrong"}):
+            error = refusal(lambda: direct.infer("scaler", [fp32(np.ones(1, dtype=np.float32))], headers=headers))
+            assert error.status() == "StatusCode.UNAUTHENTICATED" and "Bearer" in error.message()
+        assert direct.is_server_live()  # the probes need none
+    finally:
+        direct.close()
+
+
+def test_past_the_routers_request_limit_is_unavailable_with_retry_after(stack, client) -> None:
+    router = stack[0]
+    client.infer("slow", [fp32(np.ones(1, dtype=np.float32))])  # loaded, so the next one only waits on inference
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        first = pool.submit(client.infer, "slow", [fp32(np.ones(1, dtype=np.float32))])
+        wait_for(lambda: inflight(router.url) == 1, "one request in flight through the router")
+        with grpc.insecure_channel(stack[2]) as channel:
+            call = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+            with pytest.raises(grpc.RpcError) as caught:
+                call(b"\n\x06scaler", timeout=30)  # model_name only: refused before anything is read
+        assert first.result().as_numpy("OUTPUT0").tolist() == [2.0]
+    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "its limit; retry shortly" in caught.value.details()
+    assert dict(caught.value.trailing_metadata())["retry-after"] == "1"
+
+
+def test_a_deadline_shorter_than_the_inference_is_deadline_exceeded(client) -> None:
+    error = refusal(lambda: client.infer("slow", [fp32(np.ones(1, dtype=np.float32))], client_timeout=0.5))
+    assert error.status() == "StatusCode.DEADLINE_EXCEEDED"
+
+
+def inflight(router_url: str) -> int:
+    return sum(p["inflight"] for p in httpx.get(f"{router_url}/router/pods", timeout=5).json())

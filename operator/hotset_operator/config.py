@@ -12,7 +12,7 @@ from typing import Any, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from hotset_common import quantity
+from hotset_common import quantity, wire
 from hotset_common.budget import BudgetMode
 from hotset_common.spec import Scheduling
 
@@ -80,6 +80,8 @@ class OperatorConfig(BaseModel):
     triton_cpu: str = "2"
     triton_memory: str = "8Gi"
     worker_port: int = 8080
+    worker_grpc_port: int = Field(wire.GRPC_PORT, ge=0, le=65535, description="where worker pods serve OIP v2 "
+                                  "over gRPC (the router forwards gRPC calls there); 0: they serve none")
     worker_scheduling: Scheduling = Field(default_factory=Scheduling, description="where worker pods may run "
                                           "(the chart's workers.scheduling); a WorkerPool's or a dedicated "
                                           "ServedModel's spec.scheduling overrides it field by field")

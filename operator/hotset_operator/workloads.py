@@ -258,6 +258,8 @@ def build_worker_container(config: OperatorConfig, pinned: Sequence[str], namesp
         {"name": "HOTSET_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": "HOTSET_HOST", "value": "0.0.0.0"},
         {"name": "HOTSET_PORT", "value": str(config.worker_port)},
+        # OIP v2 over gRPC beside HTTP; the worker names the port in its /status, for the router.
+        *([{"name": "HOTSET_GRPC_PORT", "value": str(config.worker_grpc_port)}] if config.worker_grpc_port else []),
         {"name": "HOTSET_PINNED_MODELS", "value": ",".join(pinned)},
         {"name": "HOTSET_MEMORY_BUDGET", "value": str(config.pod_memory_budget)},
         {"name": "HOTSET_BUDGET_MODE", "value": config.pod_budget_mode.value},
@@ -293,7 +295,9 @@ def build_worker_container(config: OperatorConfig, pinned: Sequence[str], namesp
         "imagePullPolicy": config.image_pull_policy,
         "command": ["hotset-worker"],
         "env": env,
-        "ports": [{"name": "http", "containerPort": config.worker_port, "protocol": "TCP"}],
+        "ports": [{"name": "http", "containerPort": config.worker_port, "protocol": "TCP"},
+                  *([{"name": "grpc", "containerPort": config.worker_grpc_port, "protocol": "TCP"}]
+                    if config.worker_grpc_port else [])],
         "readinessProbe": _http_probe("/v2/health/ready", period=5, failures=3),
         "livenessProbe": _http_probe("/v2/health/live", period=10, failures=6),
         # Pinned loads can take minutes: liveness and readiness wait until this passes once.

@@ -183,3 +183,12 @@ def test_the_sidecar_outlives_the_workers_drain() -> None:
     assert f"/models/{workloads.WORKER_RUNNING_MARKER}" in command
     from hotset_worker.main import RUNNING_MARKER
     assert RUNNING_MARKER == workloads.WORKER_RUNNING_MARKER
+
+
+def test_worker_pods_serve_oip_v2_over_grpc_on_a_named_port_unless_it_is_off() -> None:
+    worker = _containers(workloads.build_worker_pod_template(_config(), None, []))["hotset-worker"]
+    assert {"name": "grpc", "containerPort": 8081, "protocol": "TCP"} in worker["ports"]
+    assert {"name": "HOTSET_GRPC_PORT", "value": "8081"} in worker["env"]  # the worker names it in /status
+    off = _containers(workloads.build_worker_pod_template(_config(worker_grpc_port=0), None, []))["hotset-worker"]
+    assert [p["name"] for p in off["ports"]] == ["http"]
+    assert "HOTSET_GRPC_PORT" not in {e["name"] for e in off["env"]}

@@ -16,6 +16,7 @@ def test_every_option_can_come_from_the_environment() -> None:
         "HOTSET_MODEL_STORE": "/etc/models.json",
         "HOTSET_HOST": "0.0.0.0",
         "HOTSET_PORT": "9000",
+        "HOTSET_GRPC_PORT": "9001",
         "HOTSET_MEMORY_BUDGET": "2Gi",
         "HOTSET_MAX_MODELS": "3",
         "HOTSET_TRITON_URL": "127.0.0.1:8000",
@@ -32,7 +33,7 @@ def test_every_option_can_come_from_the_environment() -> None:
     }
     settings = main.parse_settings([], env)
     assert settings == main.Settings(
-        model_store=Path("/etc/models.json"), host="0.0.0.0", port=9000, memory_budget=2 * 2**30, max_models=3,
+        model_store=Path("/etc/models.json"), host="0.0.0.0", port=9000, grpc_port=9001, memory_budget=2 * 2**30, max_models=3,
         triton_url="127.0.0.1:8000", triton_repository=Path("/models"), pod_name="pod-7", pinned=("a", "b"),
         max_body_bytes=2**20, source_roots={"models": Path("/mnt/models"), "extra": Path("/mnt/extra")},
         min_residency_s=2.5, failed_load_backoff_s=0.5,
@@ -57,6 +58,7 @@ def test_flags_win_over_the_environment() -> None:
         (["--model-store", "s.json", "--memory-budget", "lots"], "not a memory quantity"),
         (["--model-store", "s.json", "--source-root", "nopath"], "CLAIM=PATH"),
         (["--model-store", "s.json", "--failed-load-backoff-s", "-1"], "--failed-load-backoff-s"),
+        (["--model-store", "s.json", "--grpc-port", "grpc"], "--grpc-port must be a port number"),
     ],
 )
 def test_bad_options_exit_with_a_message_naming_them(argv, message, capsys) -> None:

@@ -17,7 +17,8 @@ both must agree on, so they cannot drift:
   under the same names as over HTTP.
 
 The call's own gRPC deadline is its time budget (``timeout_of``), capped by
-``x-hotset-timeout`` when that is sent too.
+``x-hotset-timeout`` when that is sent too; a call refused because that
+deadline ran out is DEADLINE_EXCEEDED (``error_of``).
 """
 from __future__ import annotations
 
@@ -74,9 +75,20 @@ def trailers(status: int, headers: Mapping[str, str]) -> tuple[tuple[str, str], 
     return ((STATUS_TRAILER, str(status)), *((RETRY_AFTER, value) for value in retry[:1]))
 
 
-def error_of(exc: errors.HotsetError) -> tuple[grpc.StatusCode, str, tuple[tuple[str, str], ...]]:
-    """What a HotsetError is over gRPC: its code, its message (the HTTP body's text) and its trailers."""
-    return code_for(exc.status_code), exc.message, trailers(exc.status_code, exc.headers)
+# A call whose own deadline has run out (to within this) gets DEADLINE_EXCEEDED for a 503: over HTTP
+# "the request's deadline passed" is a 503 (retry), but a gRPC client reads the end of its deadline
+# as DEADLINE_EXCEEDED, which its own runtime says too when it notices first.
+DEADLINE_SLACK_S = 0.05
+
+
+def error_of(exc: errors.HotsetError, time_remaining: float | None = None,
+             ) -> tuple[grpc.StatusCode, str, tuple[tuple[str, str], ...]]:
+    """What a HotsetError is over gRPC: its code, its message (the HTTP body's text) and its trailers.
+    `time_remaining`: the call's, when it has a deadline (see DEADLINE_SLACK_S)."""
+    code = code_for(exc.status_code)
+    if code == grpc.StatusCode.UNAVAILABLE and time_remaining is not None and time_remaining <= DEADLINE_SLACK_S:
+        code = grpc.StatusCode.DEADLINE_EXCEEDED
+    return code, exc.message, trailers(exc.status_code, exc.headers)
 
 
 def headers_of(metadata: Iterable[tuple[str, str | bytes]] | None) -> dict[str, str]:

@@ -12,6 +12,7 @@ KServe's generated clients), on a port of its own:
 - ModelReady, ServerReady, ServerLive, ServerMetadata are answered here, as
   the HTTP routes answer them;
 - the call's deadline is the request's deadline (``grpc_wire.timeout_of``);
+  one that runs out is DEADLINE_EXCEEDED;
 - errors carry the HTTP API's message as the gRPC code of its status
   (``grpc_wire.code_for``), with ``retry-after`` in the trailing metadata
   when there is one; a worker's error passes through as it came;
@@ -149,7 +150,7 @@ def _kept(answer: GrpcAnswer) -> tuple[tuple[str, str], ...]:
 
 
 async def _abort(context: grpc.aio.ServicerContext, exc: errors.HotsetError) -> None:
-    code, message, trailers = grpc_wire.error_of(exc)
+    code, message, trailers = grpc_wire.error_of(exc, context.time_remaining())
     await context.abort(code, message, trailing_metadata=trailers)
 
 

@@ -52,3 +52,11 @@ def test_an_error_keeps_its_message_and_says_when_to_retry() -> None:
     assert grpc_wire.timeout_of(None, {}) is None
     assert grpc_wire.timeout_of(5.0, {"x-hotset-timeout": "2"}) == 2.0
     assert grpc_wire.timeout_of(1.0, {"x-hotset-timeout": "2"}) == 1.0
+
+
+def test_a_503_when_the_calls_own_deadline_ran_out_is_deadline_exceeded() -> None:
+    late = errors.NoCapacity("model 'm': the request's deadline passed while waiting for its load", 2)
+    assert grpc_wire.error_of(late, 0.0)[0] == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert grpc_wire.error_of(late, 3.0)[0] == grpc.StatusCode.UNAVAILABLE  # its model's shorter timeoutSeconds
+    assert grpc_wire.error_of(late, None)[0] == grpc.StatusCode.UNAVAILABLE  # a call without a deadline
+    assert grpc_wire.error_of(errors.BadInput("x"), 0.0)[0] == grpc.StatusCode.INVALID_ARGUMENT

@@ -149,11 +149,40 @@ def test_the_call_deadline_is_the_request_deadline(client) -> None:
     assert error.status() == "StatusCode.DEADLINE_EXCEEDED"
 
 
+def test_grpc_requests_are_counted_with_http_ones_under_their_http_status(worker, client) -> None:
+    url = worker[0]
+    before = {code: metric(url, "hotset_requests_total", "double", code=code) for code in ("200", "400")}
+    client.infer("double", [fp32_input(np.ones(2, dtype=np.float32))], headers=AUTH)
+    wrong = triton_grpc.InferInput("INPUT0", [1], "INT32")
+    wrong.set_data_from_numpy(np.ones(1, dtype=np.int32))
+    refusal(lambda: client.infer("double", [wrong], headers=AUTH))
+    after = {code: metric(url, "hotset_requests_total", "double", code=code) for code in ("200", "400")}
+    assert {code: after[code] - before[code] for code in after} == {"200": 1, "400": 1}
+
+
 def queued(url: str, name: str) -> float:
+    return metric(url, name, "slow")
+
+
+def metric(url: str, name: str, model: str, **labels: str) -> float:
     from prometheus_client.parser import text_string_to_metric_families
 
     for family in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=5).text):
         for sample in family.samples:
-            if sample.name == name and sample.labels.get("model") == "slow":
+            if sample.name == name and sample.labels.get("model") == model and \
+                    all(sample.labels.get(k) == v for k, v in labels.items()):
                 return sample.value
     return 0.0
+
+
+def test_a_message_past_the_body_limit_is_resource_exhausted(tmp_path) -> None:
+    store = ballast.catalog(tmp_path, {"double": {}})
+    with serve_in_thread(ballast_app(store, budget=4 * MiB, max_body_bytes=4096, grpc_address="127.0.0.1:0")) as url:
+        client = triton_grpc.InferenceServerClient(f"127.0.0.1:{httpx.get(f'{url}/status').json()['grpc_port']}")
+        try:
+            error = refusal(lambda: client.infer("double", [fp32_input(np.ones(2048, dtype=np.float32))]))
+            assert error.status() == "StatusCode.RESOURCE_EXHAUSTED"
+            result = client.infer("double", [fp32_input(np.ones(8, dtype=np.float32))])  # within it: served
+            np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), np.full(8, 2.0, dtype=np.float32))
+        finally:
+            client.close()

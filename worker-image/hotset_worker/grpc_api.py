@@ -15,7 +15,9 @@ encoding are gRPC's own (grpc_codec.py). Choices worth knowing:
 - errors: the HotsetError the HTTP API would answer, with the same message,
   as the gRPC code of its status (``grpc_wire.code_for``), ``retry-after``
   and ``hotset-status`` in the trailing metadata;
-- the call's deadline is the request's time budget (``grpc_wire.timeout_of``);
+- the call's deadline is the request's time budget (``grpc_wire.timeout_of``),
+  and a request refused because it ran out is DEADLINE_EXCEEDED (a shorter
+  ``timeoutSeconds`` that ran out is UNAVAILABLE with retry-after, as HTTP's 503);
 - a triton model infers on tensors here (its HTTP path forwards the body to
   the sidecar as it came; a protobuf request has no such body);
 - with an API token, every call but ServerLive and ServerReady (the probes)
@@ -109,7 +111,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
                 http.check_bearer(headers, self.api_token, "this worker's API")
             return await answer(headers)
         except errors.HotsetError as exc:
-            code, message, trailers = grpc_wire.error_of(exc)
+            code, message, trailers = grpc_wire.error_of(exc, context.time_remaining())
         except RecursionError:  # a value nested past what some step could walk: the input's fault
             code, message, trailers = grpc_wire.error_of(errors.NestedTooDeeply())
         except Exception as exc:  # noqa: BLE001 - a bug, named, not a bare UNKNOWN

@@ -217,3 +217,35 @@ def test_worker_pods_answer_only_the_router_and_the_operator(kube_cluster: KubeC
     assert envs["hotset-router"]["HOTSET_WORKER_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "hotset-worker-token"
     assert envs["hotset-operator"]["HOTSET_OPERATOR_WORKER_TOKEN_SECRET"]["value"] == "hotset-worker-token"
     assert any(d["kind"] == "PodDisruptionBudget" and d["metadata"]["name"] == "hotset-router" for d in documents)
+
+
+def test_grpc_ports_are_on_by_default_and_named_for_clients_and_meshes(kube_cluster: KubeCluster) -> None:
+    """OIP v2 over gRPC: the router Service's `grpc` port (appProtocol grpc) to the router's container
+    port, the worker pods' port through the operator, and the NetworkPolicy admitting it; 0 turns each off."""
+    def documents(*sets: str) -> list[dict]:
+        result = _helm(kube_cluster, "template", "hotset", str(CHART), *[a for s in sets for a in ("--set", s)])
+        assert result.returncode == 0, result.stderr
+        return [d for d in yaml.safe_load_all(result.stdout) if d]
+
+    def router_parts(docs: list[dict]) -> tuple[dict, dict, dict]:
+        service = next(d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "hotset-router")
+        router = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "hotset-router")
+        operator = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "hotset-operator")
+        return service, router["spec"]["template"]["spec"]["containers"][0], \
+            operator["spec"]["template"]["spec"]["containers"][0]
+
+    docs = documents()
+    service, router, operator = router_parts(docs)
+    assert {"name": "grpc", "port": 8081, "targetPort": "grpc", "appProtocol": "grpc"} in service["spec"]["ports"]
+    assert {"name": "grpc", "containerPort": 8081} in router["ports"]
+    router_env = {e["name"]: e.get("value") for e in router["env"]}
+    assert router_env["HOTSET_ROUTER_GRPC_PORT"] == "8081"
+    operator_env = {e["name"]: e["value"] for e in operator["env"] if "value" in e}
+    assert OperatorConfig.from_env(operator_env, namespace="ml").worker_grpc_port == 8081
+    (policy,) = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    assert {"port": 8081, "protocol": "TCP"} in policy["spec"]["ingress"][0]["ports"]
+    service, router, operator = router_parts(documents("router.service.grpcPort=0", "workers.grpcPort=0"))
+    assert [p["name"] for p in service["spec"]["ports"]] == ["http"]
+    assert "HOTSET_ROUTER_GRPC_PORT" not in {e["name"] for e in router["env"]}
+    operator_env = {e["name"]: e["value"] for e in operator["env"] if "value" in e}
+    assert OperatorConfig.from_env(operator_env, namespace="ml").worker_grpc_port == 0

@@ -108,9 +108,14 @@ def start_stack(
     worker_args: Sequence[str] = (),
     worker_launcher: Sequence[str] | None = None,
     deadline_s: float = 120.0,
+    grpc_port: int | None = None,
 ) -> Stack:
-    """Start sidecars, workers and the router; return once all are ready (stop everything on failure)."""
+    """Start sidecars, workers and the router; return once all are ready (stop everything on failure).
+    `grpc_port`: the router serves OIP v2 over gRPC there too (the workers on free ports they report)."""
     log_dir = work_dir / "logs"
+    if grpc_port is not None:
+        worker_args = [*worker_args, "--grpc-port", "0"]
+        router_args = [*router_args, "--grpc-port", str(grpc_port)]
     stack = Stack(router=None, workers=[], sidecars=[])
     try:
         for i in range(workers):
@@ -167,6 +172,8 @@ def generative_model(model_store: Path) -> str | None:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, default=int(os.environ.get("HOTSET_ROUTER_PORT", "8080")))
+    parser.add_argument("--grpc-port", type=int, default=int(os.environ.get("HOTSET_ROUTER_GRPC_PORT", "8081")),
+                        help="the router's OIP v2 over gRPC port")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--memory-budget", default="2Gi")
     parser.add_argument("--model-store", type=Path, default=ROOT / "build/models/model-store.json")
@@ -175,7 +182,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     if not args.model_store.exists():
         raise SystemExit(f"{args.model_store} is missing: run `.venv/bin/hotset-samples --out build/models` first")
     print(f"starting router on 127.0.0.1:{args.port} and {args.workers} workers (logs in build/stack/logs) ...", flush=True)
-    stack = start_stack(args.model_store, args.workers, args.port, not args.no_triton, args.memory_budget)
+    stack = start_stack(args.model_store, args.workers, args.port, not args.no_triton, args.memory_budget,
+                        grpc_port=args.grpc_port)
     stop_requested = False
 
     def request_stop(*_: object) -> None:
@@ -185,7 +193,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     signal.signal(signal.SIGTERM, request_stop)
     model, body = example_request(args.model_store)
     url = stack.router.url
-    print(f"\nhotset is ready: router {url}")
+    print(f"\nhotset is ready: router {url}, OIP v2 over gRPC on 127.0.0.1:{args.grpc_port}")
     for worker, sidecar in zip(stack.workers, stack.sidecars or [None] * len(stack.workers)):
         print(f"  {worker.name}: {worker.url} (pid {worker.pid})" + (f", triton {sidecar.url} (pid {sidecar.pid})" if sidecar else ""))
     print("\ntry:")

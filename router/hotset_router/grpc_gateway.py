@@ -24,7 +24,6 @@ which do, are HTTP only); the router adds the worker token on its way to a pod.
 """
 from __future__ import annotations
 
-import logging
 import time
 from typing import Awaitable, Callable
 
@@ -36,8 +35,6 @@ from hotset_router.flood import FloodGuard, Ticket
 from hotset_router.grpc_upstream import GrpcAnswer, GrpcWorkerClient
 from hotset_router.inference_asgi import metric_label
 from hotset_router.service import RouterService
-
-log = logging.getLogger(__name__)
 
 SERVER_NAME = "hotset-router"
 SERVER_VERSION = "0.1.0"

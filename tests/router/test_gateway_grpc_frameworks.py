@@ -1,8 +1,8 @@
 """tritonclient.grpc infers through the router on every sample model: each framework the HTTP OIP v2
 path serves (transformers, torchvision, and a triton model run by a real tritonserver sidecar).
 
-The local stack (scripts/local_stack.py) with one worker and its sidecar, the worker and the router
-serving gRPC beside HTTP. A generic client builds each listed input from the metadata alone, as the
+The local stack (scripts/local_stack.py, what ``make run`` starts) with one worker and its sidecar,
+the worker and the router serving gRPC beside HTTP. A generic client builds each listed input from the metadata alone, as the
 HTTP test of the same stack does (test_local_stack.py), then a few answers are checked for sense.
 """
 from __future__ import annotations
@@ -28,8 +28,7 @@ def stack(tmp_path_factory):
         pytest.fail(f"{SAMPLES} is missing: run `.venv/bin/hotset-samples --out build/models` (make install does)")
     port = free_port()
     stack = local_stack.start_stack(SAMPLES, workers=1, router_port=None, work_dir=tmp_path_factory.mktemp("stack"),
-                                    worker_args=["--grpc-port", "0"], router_args=["--grpc-port", str(port)],
-                                    deadline_s=180)
+                                    grpc_port=port, deadline_s=180)
     try:
         yield stack, f"127.0.0.1:{port}"
     finally:

@@ -13,9 +13,12 @@ import httpx
 import numpy as np
 import pytest
 import tritonclient.grpc as triton_grpc
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from gateway_helpers import ROOT, copies, wait_for, write_ballast_store
+from hotset_testing import ballast_framework as ballast
 from hotset_testing.processes import free_port
 
 TOKEN = "pod-secret"
@@ -134,3 +137,24 @@ def test_a_deadline_shorter_than_the_inference_is_deadline_exceeded(client) -> N
 
 def inflight(router_url: str) -> int:
     return sum(p["inflight"] for p in httpx.get(f"{router_url}/router/pods", timeout=5).json())
+
+
+def test_a_canary_takes_grpc_requests_as_it_takes_http_ones(procs, tmp_path) -> None:
+    """The canary split is the HTTP path's: at 100% every gRPC answer comes from version 2 (it triples),
+    under the model's own name, and says which version computed it."""
+    folders = {v: ballast.write_model(tmp_path / f"m-v{v}", 2**20, factor=f) for v, f in (("1", 2.0), ("2", 3.0))}
+    store = tmp_path / "model-store.json"
+    store.write_text(json.dumps({"models": [{
+        "id": "m", "framework": "torchvision", "task": "tensor", "version": "1", "source": f"file://{folders['1']}",
+        "memory": 2**20, "rollout": {"canary": {"version": "2", "source": f"file://{folders['2']}", "weight": 100}}}]}))
+    workers = procs.workers(store, ["64Mi"], extra=["--grpc-port", "0"])
+    port = free_port()
+    procs.router(workers, args=["--grpc-port", str(port)])
+    request = pb.ModelInferRequest(model_name="m")
+    request.inputs.add(name="INPUT0", datatype="FP32", shape=[1]).contents.fp32_contents.append(1.0)
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        infer = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer
+        answer, call = infer.with_call(request, timeout=60)
+    assert (answer.model_name, answer.model_version) == ("m", "2")
+    assert np.frombuffer(answer.raw_output_contents[0], dtype="<f4").tolist() == [3.0]
+    assert dict(call.trailing_metadata())["x-hotset-model-version"] == "2"

@@ -189,7 +189,8 @@ class Forwarder:
             log.warning("%s", exc)
             # A dead pod also fails its status call and leaves the map at once; a stale
             # keep-alive connection on a live pod does not cost the pod its place.
-            await self.sync.refresh(url)
+            if exc.gone:
+                await self.sync.refresh(url)
             return None
         finally:
             self.model_map.end_request(url, model)

@@ -56,7 +56,7 @@ class GrpcWorkerClient:
     def address(self, url: str) -> str:
         port = self.port_of(url)
         if port is None:
-            raise PodUnreachable(url, RuntimeError("it serves no gRPC (its /status names no grpc_port)"))
+            raise PodUnreachable(url, RuntimeError("it serves no gRPC (its /status names no grpc_port)"), gone=False)
         host = urlsplit(url).hostname or ""
         return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 

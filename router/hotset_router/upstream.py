@@ -30,11 +30,13 @@ PASSED_REQUEST_HEADERS = ("content-type", "inference-header-content-length", "ac
 
 
 class PodUnreachable(Exception):
-    """The worker did not answer at all (refused, reset, DNS): it leaves the map."""
+    """The worker did not answer at all (refused, reset, DNS): it leaves the map. `gone` false: the
+    pod is there but cannot take this call (gRPC to a pod that serves none): try elsewhere, ask nothing."""
 
-    def __init__(self, url: str, cause: Exception) -> None:
+    def __init__(self, url: str, cause: Exception, gone: bool = True) -> None:
         super().__init__(f"worker {url} unreachable: {cause!r}")
         self.url = url
+        self.gone = gone
 
 
 class WorkerError(errors.HotsetError):

@@ -158,3 +158,28 @@ def test_a_canary_takes_grpc_requests_as_it_takes_http_ones(procs, tmp_path) -> 
     assert (answer.model_name, answer.model_version) == ("m", "2")
     assert np.frombuffer(answer.raw_output_contents[0], dtype="<f4").tolist() == [3.0]
     assert dict(call.trailing_metadata())["x-hotset-model-version"] == "2"
+
+
+def test_pods_that_serve_no_grpc_are_passed_over_and_keep_their_copies(procs, tmp_path) -> None:
+    """A pool mid-upgrade: one worker serves gRPC, one does not. gRPC calls go to the one that does
+    (loading a copy there if need be); the other keeps its place and its HTTP traffic."""
+    store = write_ballast_store(tmp_path, {"a": {"mib": 4}, "b": {"mib": 4}})
+    with_grpc = procs.worker("with-grpc", store, "100Mi", extra=["--grpc-port", "0"])
+    without = procs.worker("without-grpc", store, "100Mi")
+    port = free_port()
+    router = procs.router([with_grpc, without], args=["--grpc-port", str(port)])
+    for model in ("a", "b"):  # each model's only copy on the pod without gRPC
+        assert httpx.post(f"{without.url}/v2/repository/models/{model}/load", timeout=30).status_code == 200
+    wait_for(lambda: copies(router.url, "a") == copies(router.url, "b") == ["without-grpc"], "the router to see them")
+    client = triton_grpc.InferenceServerClient(f"127.0.0.1:{port}")
+    try:
+        for model in ("a", "b", "a", "b"):
+            assert client.infer(model, [fp32(np.ones(1, dtype=np.float32))]).as_numpy("OUTPUT0").tolist() == [2.0]
+    finally:
+        client.close()
+    pods = {p["pod"]: p for p in httpx.get(f"{router.url}/router/pods", timeout=5).json()}
+    assert set(pods) == {"with-grpc", "without-grpc"}
+    assert {m for m, c in pods["with-grpc"]["copies"].items() if c["state"] == "READY"} == {"a", "b"}
+    assert {m for m, c in pods["without-grpc"]["copies"].items() if c["state"] == "READY"} == {"a", "b"}
+    for model in ("a", "b"):
+        assert httpx.post(f"{router.url}/predict", json={"model_id": model, "input_data": [1.0]}, timeout=30).status_code == 200

@@ -24,6 +24,7 @@ which do, are HTTP only); the router adds the worker token on its way to a pod.
 """
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Awaitable, Callable
 
@@ -121,6 +122,9 @@ class GrpcGateway:
         except errors.HotsetError as exc:
             code = exc.status_code
             await _abort(context, exc)
+            raise
+        except asyncio.CancelledError:  # its client left, or its deadline passed: counted as over HTTP
+            code = errors.ClientClosedRequest.status_code
             raise
         finally:
             if ticket is not None:

@@ -16,6 +16,10 @@ both must agree on, so they cannot drift:
   token (``authorization``), the time budget and the canary choice travel
   under the same names as over HTTP.
 
+Only the worker and the router import this module (their extras install
+grpcio); what the operator needs of the contract, the port, is
+``wire.GRPC_PORT``, so it builds pods without grpcio.
+
 The call's own gRPC deadline is its time budget (``timeout_of``), capped by
 ``x-hotset-timeout`` when that is sent too; a call refused because that
 deadline ran out is DEADLINE_EXCEEDED (``error_of``).

@@ -30,6 +30,7 @@ from typing import Any, Awaitable, Callable, Mapping
 
 from hotset_common import model_store
 from hotset_common.spec import ModelSpec, Placement
+from hotset_common.wire import Preemption
 from hotset_operator import admission, approval, index, kinds, model_status, workloads
 from hotset_operator.admission import Decision
 from hotset_operator.approvals import Approvals
@@ -125,6 +126,19 @@ class ModelReconciler:
     def blocked_changed(self, key: Key) -> None:
         self._dirty.add(key)
         self._wake.set()
+
+    def preempted(self, pod: str, preemption: Preemption) -> None:
+        """A worker evicted a copy for the load of a model of higher priority: an Event on each of
+        the two ServedModels, naming the other (as the scheduler does for a preempted pod)."""
+        victim, by = self._by_model.get(preemption.model), self._by_model.get(preemption.by)
+        if victim is not None and (entry := self.model(victim)) is not None:
+            self.writes.event(model_ref(entry), "Normal", "Preempted", (
+                f"its copy on pod {pod} (priority {preemption.priority}) was evicted for the load of "
+                f"{preemption.by} (priority {preemption.by_priority})"))
+        if by is not None and (entry := self.model(by)) is not None:
+            self.writes.event(model_ref(entry), "Normal", "Preempting", (
+                f"its load on pod {pod} (priority {preemption.by_priority}) evicted the copy of "
+                f"{preemption.model} (priority {preemption.priority})"))
 
     def status_not_written(self, key: Key) -> None:
         self._written.pop(key, None)

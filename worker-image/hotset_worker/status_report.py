@@ -302,6 +302,7 @@ class StatusReports:
             removed_catalog=removed_catalog,
             routers=sorted(self._routers),
             demand_half_life_s=half_life,
+            preemptions=list(manager.preemptions),
         )
 
     def _memory_sums(self) -> tuple[int, int]:

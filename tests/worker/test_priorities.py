@@ -21,10 +21,6 @@ from hotset_testing import ballast_framework as ballast
 from hotset_testing.ballast_framework import MiB, predict
 
 
-@pytest.fixture(autouse=True)
-def _counters() -> None:
-    ballast.reset_counters()
-
 
 def test_priority_defaults_to_zero_and_is_bounded() -> None:
     assert ModelSpec(id="m", framework="triton", source="file:///m").priority == 0

@@ -151,6 +151,7 @@ class ReportSource(Protocol):
     max_models: int | None
     policy: Any
     demand_half_life_s: float
+    preemptions: Iterable[wire.Preemption]  # the latest copies evicted for a higher priority
 
     def now(self) -> float: ...
     def view(self, model_id: str) -> Any: ...

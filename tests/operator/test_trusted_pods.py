@@ -81,9 +81,13 @@ def test_a_pod_that_would_pass_for_hotsets_own_needs_the_right_to_read_the_token
     from_env["spec"]["containers"][0]["env"] = [
         {"name": "T", "valueFrom": {"secretKeyRef": {"name": "hotset-worker-token", "key": "token"}}}]
     assert _create(guarded, from_env, MALLORY).returncode != 0
-    # anything else she may make as before
-    assert _create(guarded, _pod("plain"), MALLORY).returncode == 0
+    # anything else she may make as before, but not relabel it as hotset's afterwards
+    assert _create(guarded, _pod("plain"), MALLORY, dry_run=False).returncode == 0
     assert _create(guarded, _deployment("plain", {"app": "plain"}), MALLORY).returncode == 0
+    relabel = guarded.kubectl("label", "pod", "plain", MALLORY, f"{labels.PART_OF}={labels.PROJECT}",
+                              f"{labels.COMPONENT}={labels.WORKER}", check=False)
+    assert relabel.returncode != 0 and "carries hotset's worker labels" in relabel.stderr
+    assert guarded.kubectl("label", "pod", "plain", MALLORY, "tier=web").returncode == 0
 
 
 def test_a_deployment_of_someone_who_may_read_the_token_gets_its_pods(guarded: Cluster) -> None:
@@ -92,3 +96,6 @@ def test_a_deployment_of_someone_who_may_read_the_token_gets_its_pods(guarded: C
     pods = wait_for(lambda: guarded.items("pods", f"{labels.COMPONENT}={labels.WORKER}"),
                     "the ReplicaSet controller's pod of it")
     assert pods[0]["metadata"]["ownerReferences"][0]["kind"] == "ReplicaSet"
+    # what controllers and the operator change on it later (not what is judged) passes, whoever it is
+    name = pods[0]["metadata"]["name"]
+    assert guarded.kubectl("annotate", "pod", name, MALLORY, "hotset.io/draining=1").returncode == 0

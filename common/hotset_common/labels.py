@@ -26,6 +26,14 @@ SERVED_MODEL = "hotset.io/servedmodel"  # on a dedicated group (Deployment and p
 # router: a request waits for a pod of this model (unix seconds), so the operator starts one.
 DRAINING = "hotset.io/draining"
 WANTED_AT = "hotset.io/wanted-at"
+# On a ServedModel, set by whoever approves a generation of it where approval is required: which
+# generation, and the identity approving it (user name, groups joined by commas). The chart's
+# ValidatingAdmissionPolicy lets only that identity write them, and only when it may update
+# servedmodels/approval; the operator checks the same with a SubjectAccessReview.
+APPROVED_GENERATION = "approval.hotset.io/generation"
+APPROVED_BY_USER = "approval.hotset.io/user"
+APPROVED_BY_GROUPS = "approval.hotset.io/groups"
+APPROVAL_SUBRESOURCE = "approval"  # the RBAC subresource of servedmodels whose update verb approves
 # Kubernetes' own: the ReplicaSet controller removes pods of lower cost first when scaling down.
 POD_DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 

@@ -210,6 +210,18 @@ class WaitingModel(BaseModel):
     waited_s: float  # how long its first waiting request has waited
 
 
+class Preemption(BaseModel):
+    """A copy a worker evicted for the load of a model of higher priority (seed 002: the eviction's
+    reason names the preempting model). The operator turns each into Events on both ServedModels."""
+
+    seq: int  # increases by one per preemption on this pod: a reader takes each once
+    model: str  # the evicted copy's model
+    priority: int
+    by: str  # the model whose load took its room
+    by_priority: int
+    at: float  # unix seconds
+
+
 # ``GET /status?since=<cursor>&limit=<n>``: a report of what changed after the report that gave
 # the cursor (its ``cursor`` field), at most `n` models and catalog entries, in the order they
 # changed. Without ``since`` a report is the whole state at once (the shape older callers read).
@@ -283,6 +295,7 @@ class WorkerStatus(BaseModel):
     # The half-life of each copy's decayed request count (`frequency`; eviction.DecayedCount), so a
     # reader can tell how many requests arrived between two reports.
     demand_half_life_s: float = 30.0
+    preemptions: list[Preemption] = Field(default_factory=list)  # the pod's latest, oldest first
     # The port the worker serves OIP v2 over gRPC on, at the host of its HTTP URL (grpc_wire.py);
     # None: it serves none. The router learns where to send gRPC from here, in every mode.
     grpc_port: int | None = None

@@ -21,8 +21,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Collection, Iterable, Mapping, Sequence
 
+import pydantic
+
 from hotset_common import quantity
 from hotset_common.spec import ModelSpec, Placement
+from hotset_operator import approval
 from hotset_operator.config import GpuMode, OperatorConfig
 from hotset_operator.index import Key, ModelEntry, Quota
 from hotset_operator.validation import Caps
@@ -32,6 +35,7 @@ INVALID_SPEC = "InvalidSpec"
 QUOTA_EXCEEDED = "QuotaExceeded"
 NAME_CONFLICT = "NameConflict"
 OWNER_REQUIRED = "OwnerRequired"
+APPROVAL_PENDING = "ApprovalPending"
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,12 @@ class Decision:
     accepted: bool
     reason: str
     message: str
+    approval: approval.State = approval.State.NOT_REQUIRED
+    serving: ModelSpec | None = None  # what is served instead of the spec: the approved one, a change waiting
+
+    def spec_of(self, spec: ModelSpec | None) -> ModelSpec | None:
+        """What is served of a model whose spec is `spec`."""
+        return self.serving if self.serving is not None else spec
 
 
 @dataclass
@@ -164,13 +174,14 @@ class Fold:
         self.judged += 1
         self._second.append(entry)
         decision = self._decide_one(entry)
-        if decision.accepted and entry.spec is not None and (problem := self._caps.admit(entry.spec)) is not None:
+        served = decision.spec_of(entry.spec)
+        if decision.accepted and served is not None and (problem := self._caps.admit(served)) is not None:
             decision = Decision(False, INVALID_SPEC, str(problem))
         self.result.decisions[entry.key] = decision
-        if decision.accepted and entry.spec is not None:
+        if decision.accepted and served is not None:
             self._owners[entry.name] = entry.namespace
             usage = self.result.usage
-            usage[entry.namespace] = usage.get(entry.namespace, Usage()) + usage_of(entry.spec, self.config)
+            usage[entry.namespace] = usage.get(entry.namespace, Usage()) + usage_of(served, self.config)
 
     def _again_with(self, entry: ModelEntry) -> None:
         """Judge the latest second again, `entry` included, from the state before it."""
@@ -194,18 +205,54 @@ class Fold:
             return Decision(False, NAME_CONFLICT, (
                 f"metadata.name: model {entry.name!r} is already served from namespace {other!r}; clients send "
                 "only the model's name, so names are unique across the namespaces hotset serves"))
-        wanted = usage_of(entry.spec, self.config)
+        state, serving, waiting = self._approval(entry)
+        if state is approval.State.WAITING:
+            return Decision(False, APPROVAL_PENDING, waiting, state)
+        spec = serving if serving is not None else entry.spec
+        wanted = usage_of(spec, self.config)
         for quota in self.quotas.get(entry.namespace, ()):
-            if quota.max_priority is not None and entry.spec.priority > quota.max_priority:
+            if quota.max_priority is not None and spec.priority > quota.max_priority:
                 return Decision(False, QUOTA_EXCEEDED, (
                     f"spec.priority: ModelQuota {quota.name} of namespace {entry.namespace} allows priorities up to "
-                    f"{quota.max_priority} (maxPriority); this model asks for {entry.spec.priority}"))
+                    f"{quota.max_priority} (maxPriority); this model asks for {spec.priority}"))
             if (why := _exceeded(quota, self.result.usage.get(entry.namespace, Usage()), wanted)) is not None:
                 return Decision(False, QUOTA_EXCEEDED, f"namespace {entry.namespace} is over its quota of {why}")
-        spec = entry.spec
         note = "" if missing is None else f"; served because it was accepted before the rule, but {missing}"
+        if waiting:
+            note += f"; {waiting}"
         return Decision(True, VALID, f"{spec.placement.value} placement, min {spec.replicas.min} / max "
-                                     f"{spec.replicas.max} copies{note}")
+                                     f"{spec.replicas.max} copies{note}", state, serving)
+
+    def _approval(self, entry: ModelEntry) -> tuple[approval.State, ModelSpec | None, str]:
+        """Where `entry` stands with approval (``approval.py``): its state, the spec served instead of
+        its own while a change waits, and what waits for approval ("" when nothing does)."""
+        assert entry.spec is not None
+        requiring = [q.name for q in self.quotas.get(entry.namespace, ()) if q.require_approval]
+        if requiring:
+            by = f"ModelQuota {requiring[0]} (requireApproval) of namespace {entry.namespace}"
+        elif self.config.require_approval:
+            by = "the platform's policy (policy.requireApproval)"
+        else:
+            return approval.State.NOT_REQUIRED, None, ""
+        approved = entry.approved
+        if approved is not None and approval.same(approved.fields, entry.gated):
+            return approval.State.APPROVED, None, ""
+        how = approval.how_to_approve(entry.namespace, entry.name, entry.generation)
+        if approved is not None:
+            try:
+                serving = approval.serving_spec(entry.spec, approved)
+            except pydantic.ValidationError:  # an approval of an older schema: nothing is served as it was
+                serving = None
+            if serving is not None:
+                changed = ", ".join(approval.changed_fields(approved.fields, entry.gated))
+                who = f" by {approved.by}" if approved.by else ""
+                return approval.State.PENDING, serving, (
+                    f"serving generation {approved.generation} as approved{who}; generation {entry.generation} "
+                    f"changes {changed}, which {by} requires approval for: {how}")
+        if self._served_before(entry):
+            return approval.State.BASELINE, None, ""
+        return approval.State.WAITING, None, (
+            f"generation {entry.generation} is not served until it is approved, which {by} requires: {how}")
 
     def _served_before(self, entry: ModelEntry) -> bool:
         """Whether `entry` was accepted already: a rule about contacts that arrives later (a new

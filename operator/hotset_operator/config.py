@@ -143,6 +143,9 @@ class OperatorConfig(BaseModel):
     startup_probe_failure_threshold: int = Field(120, ge=1, description="x 5 s: slow first loads")
     require_owner: bool = Field(False, description="every ServedModel names spec.owner and spec.oncall "
                                 "(policy.requireOwner; a namespace's ModelQuota can require it too)")
+    require_approval: bool = Field(False, description="every ServedModel generation is served only once an "
+                                   "identity allowed to update servedmodels/approval approved it "
+                                   "(policy.requireApproval; a namespace's ModelQuota can require it too)")
 
     @field_validator("pod_memory_budget", "source_cache_bytes", "gpu_shared_memory", mode="before")
     @classmethod

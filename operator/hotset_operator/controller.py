@@ -18,6 +18,7 @@ import logging
 from typing import Any, Mapping
 
 from hotset_operator import feed, kube
+from hotset_operator.approvals import Approvals
 from hotset_operator.catalog import Catalogs
 from hotset_operator.config import OperatorConfig
 from hotset_operator.dedicated import DedicatedGroups
@@ -45,7 +46,8 @@ class Controller:
         self.dedicated = DedicatedGroups(config, kube_api, self.writes, indexes["managed_deployments"],
                                          on_blocked=lambda key: self.models.blocked_changed(key))
         self.models = ModelReconciler(config, metrics, self.catalogs, self.writes, self.fleet, self.served,
-                                      indexes["model_quotas"], self.dedicated, QuotaStatus(self.writes, metrics))
+                                      indexes["model_quotas"], self.dedicated, QuotaStatus(self.writes, metrics),
+                                      Approvals(kube_api, self.writes, lambda key: self.models.blocked_changed(key)))
         self.pools = Pools(config, kube_api, metrics, self.writes, self.models, self.fleet, indexes)
         self.feed = feed.FeedServer(feed.build_app(self.catalogs, lambda: self.models.ready, config.worker_token),
                                     config.catalog_host, config.catalog_port)

@@ -8,11 +8,12 @@ from the last pass: their status is re-derived, the others' is not touched.
 """
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from typing import Any, Iterable, Mapping
 
 from hotset_common import labels
-from hotset_common.wire import WorkerStatus
+from hotset_common.wire import Preemption, WorkerStatus
 from hotset_operator.index import WorkerPod
 
 ModelKey = tuple[str, str]  # (namespace of the reporting pods, model id)
@@ -50,10 +51,27 @@ def _changed(before: Mapping[ModelKey, Any], after: Mapping[ModelKey, Any]) -> s
 
 
 class Fleet:
-    def __init__(self) -> None:
+    def __init__(self, started: float | None = None) -> None:
         self.reports: dict[tuple[str, str], WorkerStatus] = {}  # (namespace, pod) -> its last report
         self._copies: dict[ModelKey, list[dict[str, Any]]] = {}
         self._problems: dict[ModelKey, list[str]] = {}
+        self._preempted: dict[tuple[str, str], int] = {}  # (namespace, pod) -> the last preemption taken
+        self.started = time.time() if started is None else started  # preemptions before it were told already
+
+    def new_preemptions(self, reports: Mapping[tuple[str, str], WorkerStatus]) -> list[tuple[str, Preemption]]:
+        """The preemptions the reports carry that no earlier report did, as (pod, preemption): each
+        once (by its pod's sequence), and from a pod seen for the first time only those after this
+        operator started (an operator restarting does not tell again what its predecessor told)."""
+        found: list[tuple[str, Preemption]] = []
+        for key, report in reports.items():
+            last = self._preempted.get(key)
+            fresh = [p for p in report.preemptions if (p.seq > last if last is not None else p.at >= self.started)]
+            found.extend((key[1], p) for p in fresh)
+            if report.preemptions:
+                self._preempted[key] = max(last or 0, report.preemptions[-1].seq)
+        for gone in self._preempted.keys() - reports.keys():
+            del self._preempted[gone]
+        return found
 
     def update(self, pods: Iterable[WorkerPod], reports: Mapping[tuple[str, str], WorkerStatus]) -> set[ModelKey]:
         """Take a pass's reports; the models whose copies or pod problems changed."""

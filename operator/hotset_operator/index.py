@@ -13,7 +13,7 @@ from typing import Any, Iterable, Mapping
 
 from hotset_common import labels, quantity
 from hotset_common.spec import ModelSpec
-from hotset_operator import kinds, validation, workloads
+from hotset_operator import approval, kinds, validation, workloads
 from hotset_operator.config import Autoscaling, OperatorConfig
 
 Key = tuple[str, str]  # (namespace, name)
@@ -34,27 +34,30 @@ class ModelEntry:
     deleting: bool = False
     incumbent: bool = False  # Accepted=True now: wins a tie on creationTimestamp (whole seconds)
     status: Mapping[str, Any] = field(default_factory=dict)  # .status as last seen
+    gated: str = ""  # approval.gated(spec): what approval covers of this generation
+    approval_request: approval.Request | None = None  # what its approval annotations ask for
+    approved: approval.Approved | None = None  # status.approval: what was approved last
 
     @property
     def key(self) -> Key:
         return self.namespace, self.name
 
     @property
-    def basis(self) -> tuple[str, int, bool]:
-        """Which version of this object a decision was made on: it changes with the spec or a
-        deletion, never with a status write or an annotation."""
-        return self.uid, self.generation, self.deleting
+    def basis(self) -> tuple[str, int, bool, "approval.Approved | None"]:
+        """Which version of this object a decision was made on: it changes with the spec, a
+        deletion or an approval recorded, never with another status write or an annotation."""
+        return self.uid, self.generation, self.deleting, self.approved
 
     @property
     def admission_key(self) -> tuple[Any, ...]:
         """What admission reads of this object: an edit of anything else (a description, a warm-up,
         a source) leaves every decision as it was, so it needs no admission pass. Whether the
-        owner and on-call are named counts (a policy may require them), and the priority (a quota
-        may cap it)."""
+        owner and on-call are named counts (a policy may require them), the priority (a quota
+        may cap it), and the fields approval covers with what was approved last."""
         spec = self.spec
         reads = None if spec is None else (spec.memory_bytes, spec.replicas.min, spec.replicas.max, spec.placement,
                                            bool(spec.owner.strip()), bool(spec.oncall.strip()), spec.priority)
-        return self.uid, self.created, self.deleting, self.problems, reads
+        return self.uid, self.created, self.deleting, self.problems, reads, self.gated, self.approved
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,7 @@ class Quota:
     copies: int | None = None
     gpus: float | None = None
     require_owner: bool = False  # its namespace's models must name spec.owner and spec.oncall
+    require_approval: bool = False  # its namespace's models are served only once approved (approval.py)
     max_priority: int | None = None  # the highest spec.priority its namespace's models may claim
     status: Mapping[str, Any] = field(default_factory=dict)
 
@@ -139,15 +143,18 @@ def model_entry(body: Mapping[str, Any], config: OperatorConfig, previous: Model
     status = body.get("status") or {}
     uid, generation = str(meta.get("uid", "")), int(meta.get("generation") or 0)
     if previous is not None and (previous.uid, previous.generation) == (uid, generation) and generation:
-        spec, problems = previous.spec, previous.problems
+        spec, problems, gated = previous.spec, previous.problems, previous.gated
     else:
         verdict = validation.validate(dict(body), config)
         spec, problems = verdict.spec, verdict.problems
+        gated = "" if spec is None else approval.gated(spec)
+    annotations = meta.get("annotations") or {}
     return ModelEntry(
         namespace=str(meta.get("namespace", "")), name=str(meta.get("name", "")), uid=uid,
         created=str(meta.get("creationTimestamp", "")), spec=spec, problems=problems, generation=generation,
-        wanted_at=wanted_at(meta.get("annotations") or {}), deleting=bool(meta.get("deletionTimestamp")),
-        incumbent=_accepted_now(status), status=dict(status))
+        wanted_at=wanted_at(annotations), deleting=bool(meta.get("deletionTimestamp")),
+        incumbent=_accepted_now(status), status=dict(status), gated=gated,
+        approval_request=approval.request_of(annotations), approved=approval.approved_of(status))
 
 
 def quota_entry(body: Mapping[str, Any]) -> Quota:
@@ -159,6 +166,7 @@ def quota_entry(body: Mapping[str, Any]) -> Quota:
                  copies=None if spec.get("copies") is None else int(spec["copies"]),
                  gpus=None if spec.get("gpus") is None else float(spec["gpus"]),
                  require_owner=bool(spec.get("requireOwner", False)),
+                 require_approval=bool(spec.get("requireApproval", False)),
                  max_priority=None if spec.get("maxPriority") is None else int(spec["maxPriority"]),
                  status=dict(body.get("status") or {}))
 

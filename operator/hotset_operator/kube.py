@@ -73,9 +73,13 @@ class Kube:
     def _policy(self) -> client.PolicyV1Api:
         return self._group("PolicyV1Api")
 
+    @property
+    def _authorization(self) -> client.AuthorizationV1Api:
+        return self._group("AuthorizationV1Api")
+
     def warm(self) -> None:
         """Make every API group now (on a thread, while kopf lists what it watches)."""
-        for name in ("CustomObjectsApi", "AppsV1Api", "PolicyV1Api", "CoreV1Api"):
+        for name in ("CustomObjectsApi", "AppsV1Api", "PolicyV1Api", "CoreV1Api", "AuthorizationV1Api"):
             self._group(name)
 
     def served_model_keys(self, namespaces: Iterable[str] | None) -> set[tuple[str, str]]:
@@ -225,6 +229,17 @@ class Kube:
         _discard(self._custom.patch_namespaced_custom_object_status(
             resource["group"], resource["version"], namespace, resource["plural"], name, {"status": status},
             _content_type="application/merge-patch+json", _preload_content=False))
+
+    def may_approve(self, namespace: str, name: str, user: str, groups: Iterable[str]) -> tuple[bool, str]:
+        """Whether `user` (in `groups`) may update servedmodels/approval of this ServedModel, and the
+        authorizer's reason: a SubjectAccessReview, the API server's own RBAC decision."""
+        review = client.V1SubjectAccessReview(spec=client.V1SubjectAccessReviewSpec(
+            user=user, groups=list(groups) or None,
+            resource_attributes=client.V1ResourceAttributes(
+                group=spec_module.GROUP, resource=spec_module.PLURAL, subresource=labels.APPROVAL_SUBRESOURCE,
+                verb="update", namespace=namespace, name=name)))
+        found = self._authorization.create_subject_access_review(review).status
+        return bool(found.allowed), str(found.reason or found.evaluation_error or "")
 
     def post_event(self, namespace: str, event: dict[str, Any]) -> None:
         _discard(self._core.create_namespaced_event(namespace, event, _preload_content=False))

@@ -101,6 +101,8 @@ class Pools:
         changed = self.fleet.update(pods, reports)
         if changed:
             self.models.copies_changed(changed)
+        for pod, preemption in self.fleet.new_preemptions(reports):
+            self.models.preempted(pod, preemption)
         by_namespace: dict[str, list[WorkerPod]] = defaultdict(list)
         for pod in pods:
             by_namespace[pod.namespace].append(pod)

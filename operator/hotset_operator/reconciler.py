@@ -30,8 +30,10 @@ from typing import Any, Awaitable, Callable, Mapping
 
 from hotset_common import model_store
 from hotset_common.spec import ModelSpec, Placement
-from hotset_operator import admission, index, kinds, model_status, workloads
+from hotset_common.wire import Preemption
+from hotset_operator import admission, approval, index, kinds, model_status, workloads
 from hotset_operator.admission import Decision
+from hotset_operator.approvals import Approvals
 from hotset_operator.catalog import Catalogs, StoreKey
 from hotset_operator.config import OperatorConfig
 from hotset_operator.dedicated import DedicatedGroups, model_ref
@@ -52,7 +54,7 @@ BATCH = 32  # models reconciled between two yields to the event loop (a few ms)
 class ModelReconciler:
     def __init__(self, config: OperatorConfig, metrics: OperatorMetrics, catalogs: Catalogs, writes: Writes,
                  fleet: Fleet, served: ServedModels, model_quotas: Mapping[Any, Any],
-                 dedicated: DedicatedGroups, quota_status: QuotaStatus) -> None:
+                 dedicated: DedicatedGroups, quota_status: QuotaStatus, approvals: Approvals | None = None) -> None:
         self.config = config
         self.metrics = metrics
         self.catalogs = catalogs
@@ -62,19 +64,21 @@ class ModelReconciler:
         self.model_quotas = model_quotas  # kopf index: namespace -> Quota
         self.dedicated = dedicated
         self.quota_status = quota_status
+        self.approvals = approvals  # None: no API to check approvals with (nothing is ever approved)
         self.decisions: dict[Key, Decision] = {}
         self.ready = False  # every model judged once since start: the feed may answer
         self._fold: admission.Fold | None = None
-        self._basis: dict[Key, tuple[str, int, bool]] = {}  # what each decision was made on
+        self._basis: dict[Key, tuple[Any, ...]] = {}  # what each decision was made on
         self._reads: dict[Key, tuple[Any, ...]] = {}  # what admission read of each model then
         self._full = True  # a pass over every model is due
         self._appended: list[Key] = []  # created after everything judged: the fold continues with them
         self._dirty: set[Key] = set()
-        self._published: dict[Key, tuple[StoreKey, tuple[str, int, bool], bytes]] = {}
+        self._published: dict[Key, tuple[StoreKey, tuple[Any, ...], bytes]] = {}
         self._written: dict[Key, dict[str, Any]] = {}  # status fields queued and not yet seen back
         self._by_model: dict[str, Key] = {}  # accepted model id -> its object (reports name ids)
         self._pool_specs: dict[str, dict[str, ModelSpec]] = {}  # pool namespace -> its shared models
         self._dedicated_models: dict[Key, None] = {}
+        self._serving: dict[Key, ModelSpec] = {}  # served instead of the spec: approved last, a change waiting
         self.pool_versions: dict[str, int] = {}  # pool namespace -> bumped when a model joins or leaves
         # What each namespace's pods need from their models (sidecar, image volumes, credentials).
         self.contents = PoolContents()
@@ -123,6 +127,19 @@ class ModelReconciler:
         self._dirty.add(key)
         self._wake.set()
 
+    def preempted(self, pod: str, preemption: Preemption) -> None:
+        """A worker evicted a copy for the load of a model of higher priority: an Event on each of
+        the two ServedModels, naming the other (as the scheduler does for a preempted pod)."""
+        victim, by = self._by_model.get(preemption.model), self._by_model.get(preemption.by)
+        if victim is not None and (entry := self.model(victim)) is not None:
+            self.writes.event(model_ref(entry), "Normal", "Preempted", (
+                f"its copy on pod {pod} (priority {preemption.priority}) was evicted for the load of "
+                f"{preemption.by} (priority {preemption.by_priority})"))
+        if by is not None and (entry := self.model(by)) is not None:
+            self.writes.event(model_ref(entry), "Normal", "Preempting", (
+                f"its load on pod {pod} (priority {preemption.by_priority}) evicted the copy of "
+                f"{preemption.model} (priority {preemption.priority})"))
+
     def status_not_written(self, key: Key) -> None:
         self._written.pop(key, None)
         self._dirty.add(key)
@@ -133,6 +150,11 @@ class ModelReconciler:
     def model(self, key: Key) -> ModelEntry | None:
         return self.served.get(key)
 
+    def served_entry(self, entry: ModelEntry) -> ModelEntry:
+        """`entry` with the spec it is served with (the one approved last while a change waits)."""
+        serving = self._serving.get(entry.key)
+        return entry if serving is None else dataclasses.replace(entry, spec=serving)
+
     def pool_specs(self, namespace: str) -> dict[str, ModelSpec]:
         """The accepted shared models of the pool in `namespace`."""
         return self._pool_specs.get(namespace, {})
@@ -142,11 +164,11 @@ class ModelReconciler:
 
     def dedicated_models(self) -> list[ModelEntry]:
         """The accepted dedicated models, as indexed now (their wanted-at annotation included)."""
-        return [entry for key in self._dedicated_models if (entry := self.model(key)) is not None]
+        return [self.served_entry(entry) for key in self._dedicated_models if (entry := self.model(key)) is not None]
 
     def oldest_shared(self, namespace: str, count: int) -> list[ModelEntry]:
         """The `count` oldest accepted shared models of `namespace` (a namespace pool's owners)."""
-        found = [entry for name in self._pool_specs.get(namespace, {})
+        found = [self.served_entry(entry) for name in self._pool_specs.get(namespace, {})
                  if (entry := self.model((namespace, name))) is not None]
         return sorted(found, key=admission.order_of)[:count]
 
@@ -236,7 +258,7 @@ class ModelReconciler:
         return True, len(alive)
 
     def _judge_all(self, entries: list[ModelEntry], quotas: dict[str, list[Any]], before: dict[Key, Decision]
-                   ) -> tuple[admission.Fold, set[Key], dict[Key, tuple[str, int, bool]], dict[Key, tuple[Any, ...]]]:
+                   ) -> tuple[admission.Fold, set[Key], dict[Key, tuple[Any, ...]], dict[Key, tuple[Any, ...]]]:
         """Every model judged (on a thread): the fold, the keys whose decision changed, what each
         decision was made on and what admission read of it."""
         fold = admission.fold(entries, quotas, self.config, {key for key, d in before.items() if d.accepted})
@@ -257,16 +279,27 @@ class ModelReconciler:
         if entry is None or decision is None:  # gone, or being deleted
             self._publish(key, None, False)
             self._forget(key, gone=entry is None)
+            if self.approvals is not None:
+                self.approvals.forget(key)
             return
+        if decision.serving is not None:
+            self._serving[key] = decision.serving
+            entry = dataclasses.replace(entry, spec=decision.serving)
+        else:
+            self._serving.pop(key, None)
         if decision.accepted and (blocked := self.dedicated.blocked.get(key)) is not None:
             decision = Decision(False, admission.INVALID_SPEC, blocked)
             self.dedicated.reconcile(entry, True)  # checked again as it changes
         else:
             self.dedicated.reconcile(entry, decision.accepted)
         self._publish(key, entry, decision.accepted)
-        self._write_status(entry, decision)
+        granted = None
+        if self.approvals is not None and decision.approval in (approval.State.PENDING, approval.State.WAITING):
+            granted = self.approvals.granted(entry)
+        self._write_status(entry, decision, granted)
 
     def _forget(self, key: Key, gone: bool) -> None:
+        self._serving.pop(key, None)
         self._written.pop(key, None)
         self.dedicated.forget(key)
         if gone:
@@ -323,13 +356,14 @@ class ModelReconciler:
             return entry.namespace
         return self.config.pool_namespace(entry.namespace)
 
-    def _write_status(self, entry: ModelEntry, decision: Decision) -> None:
+    def _write_status(self, entry: ModelEntry, decision: Decision, granted: approval.Request | None = None) -> None:
         written = self._written.get(entry.key)
         seen = entry if written is None else _with_status(entry, {**entry.status, **written})
         where = self._report_namespace(entry, entry.spec)
         problems = self.fleet.problems_of(entry.namespace, entry.name) if (
             entry.spec is not None and entry.spec.placement is Placement.DEDICATED) else []
-        change = model_status.desired(seen, decision, self.fleet.copies_of(where, entry.name), problems, self.config)
+        change = model_status.desired(seen, decision, self.fleet.copies_of(where, entry.name), problems, self.config,
+                                      granted)
         if not change.fields:
             return
         self._written[entry.key] = {**(written or {}), **change.fields}

@@ -38,6 +38,7 @@ import pydantic
 from hotset_common import labels, model_store
 from hotset_common import sources as locations
 from hotset_common.spec import API_VERSION, KIND, Framework, ModelSpec, Placement, Scheduling, with_variants
+from hotset_common.worker_settings import WorkerOption as Opt
 from hotset_operator import kinds
 from hotset_operator.config import GpuMode, OperatorConfig, TritonSidecar
 
@@ -204,16 +205,16 @@ def oci_images(specs: Iterable[ModelSpec]) -> list[locations.OciImage]:
 
 def _source_env(config: OperatorConfig) -> list[dict[str, Any]]:
     return [
-        {"name": "HOTSET_SOURCE_CACHE", "value": SOURCE_CACHE},
-        {"name": "HOTSET_SOURCE_CACHE_BYTES", "value": str(config.source_cache_bytes)},
-        {"name": "HOTSET_S3_ENDPOINT", "value": config.s3_endpoint},
-        {"name": "HOTSET_S3_REGION", "value": config.s3_region},
-        {"name": "HOTSET_S3_PATH_STYLE", "value": "on" if config.s3_path_style else "off"},
-        {"name": "HF_ENDPOINT", "value": config.hf_endpoint},
-        {"name": "HOTSET_OCI_ROOT", "value": OCI_ROOT},
-        {"name": "HOTSET_OCI_IMAGE_VOLUMES", "value": "on" if config.image_volumes else "off"},
-        {"name": "HOTSET_OCI_PLAIN_HTTP", "value": ",".join(locations.plain_http_registries(config.source_endpoints))},
-        {"name": "HOTSET_SOURCE_CREDENTIALS", "value": SOURCE_CREDENTIALS},
+        Opt.SOURCE_CACHE.variable(SOURCE_CACHE),
+        Opt.SOURCE_CACHE_BYTES.variable(config.source_cache_bytes),
+        Opt.S3_ENDPOINT.variable(config.s3_endpoint),
+        Opt.S3_REGION.variable(config.s3_region),
+        Opt.S3_PATH_STYLE.variable("on" if config.s3_path_style else "off"),
+        Opt.HF_ENDPOINT.variable(config.hf_endpoint),
+        Opt.OCI_ROOT.variable(OCI_ROOT),
+        Opt.OCI_IMAGE_VOLUMES.variable("on" if config.image_volumes else "off"),
+        Opt.OCI_PLAIN_HTTP.variable(",".join(locations.plain_http_registries(config.source_endpoints))),
+        Opt.SOURCE_CREDENTIALS.variable(SOURCE_CREDENTIALS),
     ]
 
 
@@ -255,30 +256,30 @@ def build_worker_container(config: OperatorConfig, pinned: Sequence[str], namesp
     sidecar); liveness never depends on a model. `triton`: whether the pod has the sidecar;
     `load_timeout_s`: the pinned model's own ``loadTimeoutSeconds`` (its start-up probe waits that long)."""
     env = [
-        {"name": "HOTSET_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-        {"name": "HOTSET_HOST", "value": "0.0.0.0"},
-        {"name": "HOTSET_PORT", "value": str(config.worker_port)},
+        {"name": Opt.POD_NAME.env, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        Opt.HOST.variable("0.0.0.0"),
+        Opt.PORT.variable(config.worker_port),
         # OIP v2 over gRPC beside HTTP; the worker names the port in its /status, for the router.
-        *([{"name": "HOTSET_GRPC_PORT", "value": str(config.worker_grpc_port)}] if config.worker_grpc_port else []),
-        {"name": "HOTSET_PINNED_MODELS", "value": ",".join(pinned)},
-        {"name": "HOTSET_MEMORY_BUDGET", "value": str(config.pod_memory_budget)},
-        {"name": "HOTSET_BUDGET_MODE", "value": config.pod_budget_mode.value},
+        *([Opt.GRPC_PORT.variable(config.worker_grpc_port)] if config.worker_grpc_port else []),
+        Opt.PINNED.variable(",".join(pinned)),
+        Opt.MEMORY_BUDGET.variable(config.pod_memory_budget),
+        Opt.BUDGET_MODE.variable(config.pod_budget_mode.value),
         # Without a sidecar the worker has no Triton backend (its Triton models are refused, 503).
-        *([{"name": "HOTSET_TRITON_URL", "value": f"127.0.0.1:{TRITON_HTTP_PORT}"}] if triton else []),
-        {"name": "HOTSET_TRITON_REPOSITORY", "value": MODEL_REPOSITORY},
+        *([Opt.TRITON_URL.variable(f"127.0.0.1:{TRITON_HTTP_PORT}")] if triton else []),
+        Opt.TRITON_REPOSITORY.variable(MODEL_REPOSITORY),
         # Its pool's catalog, followed from the operator (docs/architecture.md, "The catalog").
-        {"name": "HOTSET_CATALOG_URL", "value": catalog_url(config, namespace or config.namespace, dedicated_to)},
-        {"name": "HOTSET_SOURCE_ROOTS", "value": source_roots(config)},
+        Opt.CATALOG_URL.variable(catalog_url(config, namespace or config.namespace, dedicated_to)),
+        Opt.SOURCE_ROOT.variable(source_roots(config)),
         # What a ServedModel may make the pod run (docs/security.md): file:// only under these
         # folders, Triton models only on these backends.
-        {"name": "HOTSET_FILE_ROOTS", "value": ",".join(config.file_roots)},
-        {"name": "HOTSET_TRITON_BACKENDS", "value": ",".join(config.triton_backends)},
-        {"name": "HOTSET_DRAIN_SECONDS", "value": str(config.drain_seconds)},
+        Opt.FILE_ROOTS.variable(",".join(config.file_roots)),
+        Opt.TRITON_BACKENDS.variable(",".join(config.triton_backends)),
+        Opt.DRAIN_SECONDS.variable(config.drain_seconds),
         *_source_env(config),
         {"name": "HOME", "value": "/tmp"},
     ]
     if config.worker_token_secret:  # only the router and the operator hold it
-        env.append({"name": "HOTSET_API_TOKEN",
+        env.append({"name": Opt.API_TOKEN.env,
                     "valueFrom": {"secretKeyRef": {"name": config.worker_token_secret, "key": TOKEN_KEY}}})
     mounts = [{"name": "model-repository", "mountPath": MODEL_REPOSITORY},
               {"name": "worker-tmp", "mountPath": "/tmp"},

@@ -48,6 +48,23 @@ from hotset_common.wire import CatalogEntry, CopyState, ModelCopy, WorkerStatus
 HELD_STATES = (CopyState.READY, CopyState.LOADING, CopyState.UNLOADING)
 
 
+@dataclasses.dataclass(frozen=True)
+class ModelTerms:
+    """How a model asks to be served, beyond its bytes, as the workers' catalogs say: one record
+    per model, kept only for models whose terms are not the defaults."""
+
+    latency_class: LatencyClass = LatencyClass.STANDARD  # which models it may not share a pod with
+    load_timeout_s: float | None = None  # its loadTimeoutSeconds; None: the router's
+    priority: int = 0  # its spec.priority: its load evicts no copy above it
+
+    @classmethod
+    def of(cls, entry: CatalogEntry) -> "ModelTerms":
+        return cls(entry.latency_class, entry.load_timeout_s if entry.load_timeout_s > 0 else None, entry.priority)
+
+
+DEFAULT_TERMS = ModelTerms()
+
+
 @dataclasses.dataclass
 class CopyView:
     """One model's copy on one pod, as the router sees it. Times and the request count are as of
@@ -135,9 +152,8 @@ class ModelMap:
         self._by_model: dict[str, dict[str, CopyView]] = {}  # model -> url -> the copy shown
         self._catalog_pods: dict[str, set[str]] = {}  # model -> urls whose catalog lists it
         self._canaries: dict[str, dict[str, tuple[str, int]]] = {}  # model -> url -> its canary (rare)
-        self._classes: dict[LatencyClass, set[str]] = {}  # realtime and batch models (standard ones are not kept)
-        self._load_timeouts: dict[str, float] = {}  # models with a loadTimeoutSeconds of their own
-        self._priorities: dict[str, int] = {}  # models whose spec.priority is not 0
+        self._terms: dict[str, ModelTerms] = {}  # models whose terms are not the defaults
+        self._classes: dict[LatencyClass, set[str]] = {}  # realtime and batch models, from _terms (an index)
         self._multi: set[str] = set()  # models shown on two pods or more (extra copies may go)
         self._busy: set[str] = set()  # models whose workers report requests in flight or waiting on them
         # What the router learned itself, per pod: url -> model -> ...
@@ -243,15 +259,7 @@ class ModelMap:
             self._catalog_pods.setdefault(entry.id, set()).add(pod.url)
             self._changed.add(entry.id)
         pod.catalog[entry.id] = entry.memory_bytes
-        self._note_class(entry.id, entry.latency_class)
-        if entry.load_timeout_s > 0:
-            self._load_timeouts[entry.id] = entry.load_timeout_s
-        else:
-            self._load_timeouts.pop(entry.id, None)
-        if entry.priority:
-            self._priorities[entry.id] = entry.priority
-        else:
-            self._priorities.pop(entry.id, None)
+        self._set_terms(entry.id, ModelTerms.of(entry))
         if entry.canary:
             pod.canaries[entry.id] = (entry.canary, entry.canary_weight)
             self._canaries.setdefault(entry.id, {})[pod.url] = (entry.canary, entry.canary_weight)
@@ -266,31 +274,36 @@ class ModelMap:
             urls.discard(pod.url)
             if not urls:
                 del self._catalog_pods[model]
-                self._note_class(model, LatencyClass.STANDARD)
-                self._load_timeouts.pop(model, None)
-                self._priorities.pop(model, None)
+                self._set_terms(model, DEFAULT_TERMS)
         if pod.canaries.pop(model, None) is not None:
             self._drop_canary(pod.url, model)
         self._changed.add(model)
 
-    def _note_class(self, model: str, latency_class: LatencyClass) -> None:
-        for latency, models in self._classes.items():
-            if latency is not latency_class:
-                models.discard(model)
-        if latency_class is not LatencyClass.STANDARD:
-            self._classes.setdefault(latency_class, set()).add(model)
+    def _set_terms(self, model: str, terms: ModelTerms) -> None:
+        before = self._terms.get(model, DEFAULT_TERMS)
+        if terms == before:
+            return
+        if before.latency_class is not LatencyClass.STANDARD:
+            self._classes[before.latency_class].discard(model)
+        if terms.latency_class is not LatencyClass.STANDARD:
+            self._classes.setdefault(terms.latency_class, set()).add(model)
+        if terms == DEFAULT_TERMS:
+            del self._terms[model]
+        else:
+            self._terms[model] = terms
+
+    def terms(self, model: str) -> ModelTerms:
+        """How `model` asks to be served, as the workers' catalogs say (the defaults when unknown)."""
+        return self._terms.get(model, DEFAULT_TERMS)
 
     def latency_class(self, model: str) -> LatencyClass:
-        """`model`'s latency class, as the workers' catalogs say."""
-        return next((latency for latency, models in self._classes.items() if model in models), LatencyClass.STANDARD)
+        return self.terms(model).latency_class
 
     def load_timeout_s(self, model: str) -> float | None:
-        """`model`'s own ``loadTimeoutSeconds``, as the workers' catalogs say; None: the router's."""
-        return self._load_timeouts.get(model)
+        return self.terms(model).load_timeout_s
 
     def priority(self, model: str) -> int:
-        """`model`'s ``spec.priority``, as the workers' catalogs say: its load evicts no copy above it."""
-        return self._priorities.get(model, 0)
+        return self.terms(model).priority
 
     def pods_excluded_for(self, model: str) -> set[str]:
         """Pods holding (or loading, or about to load for this router) a copy of the latency class

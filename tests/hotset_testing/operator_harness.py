@@ -10,6 +10,7 @@ from typing import Any, Callable, Iterator, TypeVar
 import httpx
 from kopf.testing import KopfRunner
 
+from hotset_common import labels
 from hotset_common.model_store import CatalogUpdate
 from hotset_operator import workloads
 from hotset_operator.config import OperatorConfig
@@ -117,3 +118,14 @@ def service_account_kubeconfig(kube: KubeCluster, namespace: str, account: str, 
         "contexts": [{"name": "sa", "context": {"cluster": "c", "user": account, "namespace": namespace}}],
     }))
     return path
+
+
+def stand_in_pod(cluster: Cluster, name: str) -> None:
+    """A Pod object for a worker process the test runs: no kubelet here, so the test writes its
+    status (Running, Ready, podIP 127.0.0.1) the way a kubelet would."""
+    pod_labels = {labels.PART_OF: labels.PROJECT, labels.COMPONENT: labels.WORKER, labels.POOL: labels.SHARED_POOL}
+    cluster.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": pod_labels},
+                   "spec": {"containers": [{"name": "hotset-worker", "image": "worker:test"}]}})
+    status = {"status": {"phase": "Running", "podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}],
+                         "conditions": [{"type": "Ready", "status": "True"}]}}
+    cluster.kubectl("patch", "pod", name, "--subresource=status", "--type=merge", "-p", json.dumps(status))

@@ -126,6 +126,7 @@ class StandinPod:
     policy: EvictionPolicy = field(default_factory=EvictionPolicy)
     max_models: int | None = None
     demand_half_life_s: float = DEFAULT_HALF_LIFE_S
+    preemptions: tuple[wire.Preemption, ...] = ()  # stand-ins evict by the cost model alone
 
     def __post_init__(self) -> None:
         self.memory_budget = self.budget

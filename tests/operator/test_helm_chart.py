@@ -89,6 +89,7 @@ OPERATOR_NEEDS = [
     # Source credentials: the Secrets ServedModels name, read one by one, and the pool's copy of them.
     ("get", "secrets"), ("create", "secrets"), ("patch", "secrets/hotset-source-credentials"),
     ("get", "namespaces"),
+    ("create", "subjectaccessreviews.authorization.k8s.io"),  # checking an approval (test_approvals.py)
 ]
 OPERATOR_MUST_NOT = [
     ("list", "secrets"), ("watch", "secrets"), ("patch", "secrets/hotset-worker-token"), ("delete", "secrets"),
@@ -98,6 +99,7 @@ OPERATOR_MUST_NOT = [
     ("list", "customresourcedefinitions.apiextensions.k8s.io"),
     ("create", "deployments.apps", "-n", "default"), ("patch", "modelquotas.hotset.io"),
     ("delete", "workerpools.hotset.io"),
+    ("update", "servedmodels.hotset.io", "--subresource=approval"),  # approving is people's job
 ]
 
 
@@ -114,6 +116,7 @@ def test_router_and_worker_accounts_are_read_only_or_nothing(installed: Cluster)
     assert _can(installed, "hotset-router", "patch", "servedmodels.hotset.io")
     assert not _can(installed, "hotset-router", "patch", "servedmodels.hotset.io", "--subresource=status")
     assert not _can(installed, "hotset-router", "delete", "servedmodels.hotset.io")
+    assert not _can(installed, "hotset-router", "update", "servedmodels.hotset.io", "--subresource=approval")
     assert not _can(installed, "hotset-router", "patch", "pods")
     assert not _can(installed, "hotset-router", "get", "secrets")
     assert not _can(installed, "hotset-worker", "list", "pods")

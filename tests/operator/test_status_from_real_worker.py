@@ -12,21 +12,12 @@ from pathlib import Path
 
 import httpx
 
-from hotset_common import labels
 from hotset_operator import workloads
-from hotset_testing.operator_harness import Cluster, operator_config, running_operator, served_model, wait_for
+from hotset_testing.operator_harness import Cluster, operator_config, running_operator, served_model, \
+    stand_in_pod, wait_for
 from hotset_testing.processes import free_port
 from hotset_testing.worker_server import REPO, worker_process
 from hotset_worker import samples
-
-
-def _stand_in_pod(cluster: Cluster, name: str) -> None:
-    pod_labels = {labels.PART_OF: labels.PROJECT, labels.COMPONENT: labels.WORKER, labels.POOL: labels.SHARED_POOL}
-    cluster.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": pod_labels},
-                   "spec": {"containers": [{"name": "hotset-worker", "image": "worker:test"}]}})
-    status = {"status": {"phase": "Running", "podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}],
-                         "conditions": [{"type": "Ready", "status": "True"}]}}
-    cluster.kubectl("patch", "pod", name, "--subresource=status", "--type=merge", "-p", json.dumps(status))
 
 
 def test_copies_and_ready_follow_the_worker_and_delete_unloads(cluster: Cluster, tmp_path: Path) -> None:
@@ -39,7 +30,7 @@ def test_copies_and_ready_follow_the_worker_and_delete_unloads(cluster: Cluster,
         waiting = wait_for(lambda: cluster.condition("sentiment", "Ready"), "a Ready condition")
         assert (waiting["status"], waiting["reason"]) == ("False", "WaitingForCopies")
 
-        _stand_in_pod(cluster, "pool-pod-a")
+        stand_in_pod(cluster, "pool-pod-a")
         args = ["--catalog-url", workloads.catalog_url(config, cluster.namespace), "--min-residency-s", "0"]
         with worker_process(args, env={"HOTSET_POD_NAME": "pool-pod-a", "HF_HUB_OFFLINE": "1"}, port=port) as url:
             # Like the router: never place on a pod before it is ready, then ask it to load.

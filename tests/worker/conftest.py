@@ -1,4 +1,4 @@
-"""Fixtures for the worker suite: the sample models and a real tritonserver."""
+"""Fixtures for the worker suite: the sample models, a real tritonserver, the ballast counters reset."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,12 +7,19 @@ from typing import Iterator
 import pytest
 
 from hotset_common.spec import ModelSpec
-from hotset_testing import s3_server
+from hotset_testing import ballast_framework, s3_server
 from hotset_testing.triton import TritonServer, start_tritonserver
 from hotset_worker import samples
 from hotset_worker.triton_backend import TritonBackend
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def _ballast_counters() -> None:
+    """Every test starts with the ballast framework's counters at zero (loads, unloads, bytes held):
+    a test reads what its own manager did, never what an earlier test left."""
+    ballast_framework.reset_counters()
 
 
 @pytest.fixture(scope="session")

@@ -17,10 +17,6 @@ from hotset_testing import ballast_framework as ballast
 from hotset_testing.ballast_framework import MiB, predict
 
 
-@pytest.fixture(autouse=True)
-def _counters() -> None:
-    ballast.reset_counters()
-
 
 async def test_twelve_requests_for_six_models_on_two_slots_are_all_served(tmp_path) -> None:
     # The reproduction: every slot is loading or serving, so the old manager refused 8 of 12.

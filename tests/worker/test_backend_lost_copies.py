@@ -12,7 +12,6 @@ from hotset_testing.ballast_framework import MiB
 
 
 async def test_lost_copies_are_dropped_with_their_bytes_and_load_again(tmp_path) -> None:
-    ballast.reset_counters()
     store = ballast.catalog(tmp_path, {"a": {"size": MiB}, "b": {"size": 2 * MiB}})
     manager = ballast.manager(store, budget=10 * MiB)
     try:

@@ -9,10 +9,6 @@ from hotset_testing.ballast_framework import MiB
 from hotset_common.budget import BudgetMode
 
 
-@pytest.fixture(autouse=True)
-def _counters() -> None:
-    ballast.reset_counters()
-
 
 @pytest.fixture
 def store(tmp_path):

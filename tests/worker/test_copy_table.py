@@ -22,10 +22,6 @@ from hotset_worker.clock import ManualClock
 from hotset_worker.copy_table import CopyTable, TableInvariantBroken
 
 
-@pytest.fixture(autouse=True)
-def _counters() -> None:
-    ballast.reset_counters()
-
 
 def table(budget: int = 10 * MiB, max_models: int | None = 2) -> CopyTable:
     clock = ManualClock()

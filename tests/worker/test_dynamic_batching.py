@@ -23,10 +23,6 @@ from hotset_worker.batching import group_by_length, estimated_rows
 from hotset_worker.clock import ManualClock
 
 
-@pytest.fixture(autouse=True)
-def _counters() -> None:
-    ballast.reset_counters()
-
 
 def batched(max_rows: int = 16, max_delay_ms: float = 0) -> dict:
     return {"size": MiB, "batching": {"maxBatchSize": max_rows, "maxDelayMs": max_delay_ms}}

@@ -13,10 +13,6 @@ from hotset_testing import ballast_framework as ballast
 from hotset_testing.ballast_framework import MiB
 
 
-@pytest.fixture(autouse=True)
-def _counters() -> None:
-    ballast.reset_counters()
-
 
 async def request_in_order(manager, ids: list[str], now: list[float] | None = None) -> None:
     """One request each, in order; with `now` (the manager's clock), ten demand half-lives apart, so

@@ -7,7 +7,6 @@ fixed source loads. Time is an injected clock, so nothing here sleeps.
 from __future__ import annotations
 
 import httpx
-import pytest
 
 from hotset_common import wire
 from hotset_common.spec import ModelSpec
@@ -25,10 +24,6 @@ class Clock:
     def __call__(self) -> float:
         return self.now
 
-
-@pytest.fixture(autouse=True)
-def _counters() -> None:
-    ballast.reset_counters()
 
 
 def status_of(client: httpx.Client) -> wire.WorkerStatus:

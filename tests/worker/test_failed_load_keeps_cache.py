@@ -8,10 +8,6 @@ from hotset_testing import ballast_framework as ballast
 from hotset_testing.ballast_framework import MiB
 
 
-@pytest.fixture(autouse=True)
-def _counters() -> None:
-    ballast.reset_counters()
-
 
 @pytest.mark.parametrize(("broken", "cause"), [({"missing": True}, "ballast.json is missing"), ({"corrupt": True}, "corrupt")])
 async def test_a_failed_load_into_a_full_cache_evicts_nothing(tmp_path, broken, cause) -> None:

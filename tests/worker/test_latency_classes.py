@@ -18,10 +18,6 @@ from hotset_testing import ballast_framework as ballast
 from hotset_testing.ballast_framework import MiB, predict
 
 
-@pytest.fixture(autouse=True)
-def _counters() -> None:
-    ballast.reset_counters()
-
 
 def test_the_class_defaults_to_standard_and_only_realtime_and_batch_exclude_each_other() -> None:
     spec = ModelSpec(id="m", framework="triton", source="file:///m")

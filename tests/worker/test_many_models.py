@@ -5,7 +5,6 @@ import json
 import shutil
 
 import httpx
-import pytest
 
 from hotset_testing import ballast_framework as ballast
 from hotset_testing.ballast_framework import MiB
@@ -14,10 +13,6 @@ from hotset_worker.frameworks.shared_tokenizers import TokenizerCache, fingerpri
 from hotset_worker.metrics import OTHER_MODELS, WorkerMetrics
 from hotset_worker.models_report import ModelsReport
 
-
-@pytest.fixture(autouse=True)
-def _counters() -> None:
-    ballast.reset_counters()
 
 
 def test_copies_whose_tokenizer_files_are_the_same_share_one_tokenizer(sample_store, tmp_path) -> None:

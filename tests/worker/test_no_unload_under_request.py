@@ -12,10 +12,6 @@ from hotset_worker.metrics import WorkerMetrics
 from hotset_worker.backends import Backends
 
 
-@pytest.fixture(autouse=True)
-def _counters() -> None:
-    ballast.reset_counters()
-
 
 async def test_eviction_waits_for_in_flight_requests(tmp_path) -> None:
     store = ballast.catalog(tmp_path, {key: {"size": MiB, "memory": MiB} for key in "ab"})

@@ -8,10 +8,6 @@ from hotset_testing import ballast_framework as ballast
 from hotset_testing.ballast_framework import MiB
 
 
-@pytest.fixture(autouse=True)
-def _counters() -> None:
-    ballast.reset_counters()
-
 
 async def test_pinned_models_survive_any_sequence_of_requests(tmp_path) -> None:
     store = ballast.catalog(tmp_path, {key: {"size": MiB, "memory": MiB, "pinned": key == "p"} for key in "pabcd"})

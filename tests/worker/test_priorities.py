@@ -4,7 +4,8 @@ A load evicts copies of lower priority before any other, whatever the cost
 model says of them, and never a copy of higher priority: a model that only
 higher-priority copies keep out waits for room within its deadline and is then
 refused saying which copies outrank it. Nothing is evicted for a load that
-cannot happen. The log names the preempting model. Requests waiting for room
+cannot happen. The log and the pod's report name the preempting model (the
+operator makes Events of the report: tests/operator/test_preemption_events.py). Requests waiting for room
 are admitted highest priority first.
 """
 from __future__ import annotations
@@ -19,10 +20,6 @@ from hotset_common.spec import ModelSpec
 from hotset_testing import ballast_framework as ballast
 from hotset_testing.ballast_framework import MiB, predict
 
-
-@pytest.fixture(autouse=True)
-def _counters() -> None:
-    ballast.reset_counters()
 
 
 def test_priority_defaults_to_zero_and_is_bounded() -> None:
@@ -47,6 +44,9 @@ async def test_a_higher_priority_load_evicts_the_lower_copy_not_the_least_recent
         assert manager.loaded_ids() == ["checkout", "fraud"]
         assert any("evicting reports" in r.getMessage() and "preempted by the load of checkout (priority 50)"
                    in r.getMessage() for r in caplog.records)
+        [preempted] = manager.preemptions
+        assert (preempted.seq, preempted.model, preempted.priority, preempted.by, preempted.by_priority) == (
+            1, "reports", 0, "checkout", 50)
     finally:
         await manager.close()
 

@@ -10,10 +10,6 @@ from hotset_testing import ballast_framework as ballast
 from hotset_testing.ballast_framework import MiB
 
 
-@pytest.fixture(autouse=True)
-def _counters() -> None:
-    ballast.reset_counters()
-
 
 async def test_twenty_concurrent_requests_for_a_cold_model_cause_one_load(tmp_path) -> None:
     store = ballast.catalog(tmp_path, {"cold": {"size": MiB, "delay": 0.3}})

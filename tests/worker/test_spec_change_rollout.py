@@ -16,10 +16,6 @@ from hotset_worker.manager import RequestTiming
 FACTOR = {"1": 2.0, "2": 3.0}  # each version's weights answer differently
 
 
-@pytest.fixture(autouse=True)
-def _counters() -> None:
-    ballast.reset_counters()
-
 
 def version_2(tmp_path, store, delay: float = 0.3, warmup=None, missing: bool = False):
     folder = tmp_path / "m-v2"

@@ -12,10 +12,6 @@ from hotset_testing.ballast_framework import MiB
 from hotset_testing.worker_server import ballast_app
 
 
-@pytest.fixture(autouse=True)
-def _counters() -> None:
-    ballast.reset_counters()
-
 
 async def test_no_request_reaches_a_copy_before_its_warm_up_ran(tmp_path) -> None:
     store = ballast.catalog(tmp_path, {"a": {"size": MiB, "delay": 0.2, "warmup": [[1], [2], [3]]}})

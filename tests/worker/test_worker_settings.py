@@ -1,4 +1,6 @@
-"""The worker's options come from flags or HOTSET_* variables (how the operator sets pods up)."""
+"""The worker's options come from flags or HOTSET_* variables (how the operator sets pods up), all
+declared once in hotset_common.worker_settings: the command line, the operator's pod spec and
+docs/worker.md's table are made from that one table."""
 from __future__ import annotations
 
 import json
@@ -7,8 +9,35 @@ from pathlib import Path
 import httpx
 import pytest
 
+from hotset_common import slow_clients, worker_settings
+from hotset_common.worker_settings import WorkerOption
+from hotset_operator import workloads
+from hotset_testing.operator_harness import operator_config
 from hotset_testing.worker_server import serve_in_thread, wait_until
 from hotset_worker import main
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_the_options_defaults_are_the_settings_defaults() -> None:
+    """A worker started with no option but its store runs as Settings() says, so a test or an
+    embedder building Settings directly gets the worker the command line gives."""
+    assert main.parse_settings(["--model-store", "s.json"], {}) == main.Settings(model_store=Path("s.json"))
+
+
+def test_the_docs_table_is_the_one_the_options_make() -> None:
+    docs = (REPO / "docs" / "worker.md").read_text()
+    start, end = docs.index(worker_settings.DOCS_BEGIN), docs.index(worker_settings.DOCS_END)
+    assert docs[start:end + len(worker_settings.DOCS_END)] == worker_settings.markdown_table(), (
+        "docs/worker.md's options table is stale: python -m hotset_common.worker_settings prints it")
+
+
+def test_every_variable_the_operator_sets_is_a_worker_option() -> None:
+    container = workloads.build_worker_container(operator_config("ops", worker_token_secret="t"), ["a"])
+    known = {option.env for option in WorkerOption} | {variable for _, variable, *_ in slow_clients._OPTIONS}
+    set_by_operator = {entry["name"] for entry in container["env"]} - {"HOME"}
+    assert set_by_operator <= known, set_by_operator - known
+    assert {WorkerOption.CATALOG_URL.env, WorkerOption.API_TOKEN.env, WorkerOption.PINNED.env} <= set_by_operator
 
 
 def test_every_option_can_come_from_the_environment() -> None:

@@ -1,7 +1,8 @@
 """``hotset-worker``: assemble the worker from options (or HOTSET_* variables) and serve it.
 
 Every option has an environment variable, which is how the operator
-configures pods; a command-line option wins over its variable.
+configures pods; a command-line option wins over its variable. The options
+are declared once, in ``hotset_common.worker_settings``.
 """
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ from typing import Callable, Iterator, Mapping, Sequence
 import uvicorn
 from fastapi import FastAPI
 
-from hotset_common import grpc_wire, quantity, slow_clients
+from hotset_common import quantity, slow_clients, worker_settings
+from hotset_common.worker_settings import WorkerOption
 from hotset_common.budget import BudgetMode
 from hotset_common.slow_clients import ClientLimits
 from hotset_common.eviction import DEFAULT_CHURN_GUARD_S, EvictionPolicy
@@ -88,176 +90,16 @@ class Settings:
     load_timeout_s: float = DEFAULT_LOAD_TIMEOUT_S
 
 
-# option -> environment variable
-ENVIRONMENT = {
-    "model_store": "HOTSET_MODEL_STORE",
-    "catalog_url": "HOTSET_CATALOG_URL",
-    "host": "HOTSET_HOST",
-    "port": "HOTSET_PORT",
-    "grpc_port": "HOTSET_GRPC_PORT",
-    "memory_budget": "HOTSET_MEMORY_BUDGET",
-    "gpu_reserve": "HOTSET_GPU_RESERVE",
-    "max_models": "HOTSET_MAX_MODELS",
-    "triton_url": "HOTSET_TRITON_URL",
-    "triton_repository": "HOTSET_TRITON_REPOSITORY",
-    "pod_name": "HOTSET_POD_NAME",
-    "pinned": "HOTSET_PINNED_MODELS",
-    "max_body_bytes": "HOTSET_MAX_BODY_BYTES",
-    "source_root": "HOTSET_SOURCE_ROOTS",
-    "min_residency_s": "HOTSET_MIN_RESIDENCY_S",
-    "failed_load_backoff_s": "HOTSET_FAILED_LOAD_BACKOFF_S",
-    "backend_sync_s": "HOTSET_BACKEND_SYNC_S",
-    "request_timeout_s": "HOTSET_REQUEST_TIMEOUT_S",
-    "max_queue": "HOTSET_MAX_QUEUE",
-    "admission_control": "HOTSET_ADMISSION_CONTROL",
-    "budget_mode": "HOTSET_BUDGET_MODE",
-    "inference_threads": "HOTSET_INFERENCE_THREADS",
-    "torch_threads": "HOTSET_TORCH_THREADS",
-    "vllm_command": "HOTSET_VLLM_COMMAND",
-    "vllm_device_memory": "HOTSET_VLLM_DEVICE_MEMORY",
-    "vllm_start_timeout_s": "HOTSET_VLLM_START_TIMEOUT_S",
-    "vllm_cpu_cores_per_engine": "HOTSET_VLLM_CPU_CORES_PER_ENGINE",
-    "log_level": "HOTSET_LOG_LEVEL",
-    "api_token": "HOTSET_API_TOKEN",
-    "drain_s": "HOTSET_DRAIN_SECONDS",
-    "max_model_queue": "HOTSET_MAX_MODEL_QUEUE",
-    "file_roots": "HOTSET_FILE_ROOTS",
-    "triton_backends": "HOTSET_TRITON_BACKENDS",
-    "source_cache": "HOTSET_SOURCE_CACHE",
-    "source_cache_bytes": "HOTSET_SOURCE_CACHE_BYTES",
-    "s3_endpoint": "HOTSET_S3_ENDPOINT",
-    "s3_region": "HOTSET_S3_REGION",
-    "s3_path_style": "HOTSET_S3_PATH_STYLE",
-    "hf_endpoint": "HF_ENDPOINT",  # huggingface_hub's own name for a hub mirror
-    "oci_root": "HOTSET_OCI_ROOT",
-    "oci_image_volumes": "HOTSET_OCI_IMAGE_VOLUMES",
-    "oci_plain_http": "HOTSET_OCI_PLAIN_HTTP",
-    "source_credentials": "HOTSET_SOURCE_CREDENTIALS",
-    "load_timeout_s": "HOTSET_LOAD_TIMEOUT_S",
-}
 # The file name the worker keeps in the Triton repository while it runs: the sidecar's preStop
 # hook waits for it to go, so Triton outlives the worker's drain (docs/worker.md, "Shutdown").
 RUNNING_MARKER = ".hotset-worker-running"
 
 
 def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
-    def default(option: str, fallback: object = None) -> object:
-        return env.get(ENVIRONMENT[option], fallback)
-
+    """Every option of hotset_common.worker_settings, and the slow-client limits shared with the router."""
     parser = argparse.ArgumentParser(prog="hotset-worker", description="hotset's multi-framework worker pod")
-    parser.add_argument("--model-store", default=default("model_store"), help="JSON model store file ($HOTSET_MODEL_STORE)")
-    parser.add_argument("--catalog-url", default=default("catalog_url", ""),
-                        help="cluster mode, instead of --model-store: the operator's catalog feed of this pod's pool "
-                             "($HOTSET_CATALOG_URL; the operator sets it)")
-    parser.add_argument("--host", default=default("host", "127.0.0.1"))
-    parser.add_argument("--port", type=int, default=default("port", 8080))
-    parser.add_argument("--grpc-port", default=default("grpc_port", ""),
-                        help="also serve OIP v2 over gRPC on this port (cluster pods: "
-                             f"{grpc_wire.DEFAULT_PORT}; 0: a free one, named in /status); empty: no gRPC")
-    parser.add_argument("--memory-budget", default=default("memory_budget"),
-                        help="bytes or a quantity (2Gi); default: the GPU's memory less --gpu-reserve, or half of "
-                             "free RAM on CPU; on a GPU never more than that")
-    parser.add_argument("--gpu-reserve", default=default("gpu_reserve"),
-                        help="GPU memory kept out of the model budget for the CUDA context, workspaces, allocator "
-                             "slack and activations (default: 1 GiB + 10%% of the device)")
-    parser.add_argument("--max-models", type=int, default=default("max_models"))
-    parser.add_argument("--triton-url", default=default("triton_url", ""), help="host:port of the Triton sidecar's HTTP endpoint; empty: no sidecar")
-    parser.add_argument("--triton-repository", default=default("triton_repository", "/models"))
-    parser.add_argument("--pod-name", default=default("pod_name", socket.gethostname()))
-    parser.add_argument("--pinned", default=default("pinned", ""), help="comma-separated model ids never evicted and loaded at start")
-    parser.add_argument("--max-body-bytes", default=default("max_body_bytes", str(api.DEFAULT_MAX_BODY_BYTES)))
-    parser.add_argument(
-        "--source-root", action="append", default=None, metavar="CLAIM=PATH",
-        help="where the PVC named CLAIM is mounted (repeatable; $HOTSET_SOURCE_ROOTS is comma-separated)",
-    )
-    parser.add_argument(
-        "--min-residency-s", type=float, default=default("min_residency_s", DEFAULT_CHURN_GUARD_S),
-        help="churn guard: copies loaded more recently than this are evicted only after older ones",
-    )
-    parser.add_argument(
-        "--request-timeout-s", type=float, default=default("request_timeout_s", DEFAULT_REQUEST_TIMEOUT_S),
-        help="longest a request waits for room and for its model's load (a caller's X-Hotset-Timeout may shorten it)",
-    )
-    parser.add_argument(
-        "--max-queue", type=int, default=default("max_queue", DEFAULT_MAX_QUEUE),
-        help="requests that may wait for room at once; past it a request is refused at once (503, Retry-After)",
-    )
-    parser.add_argument(
-        "--backend-sync-s", type=float, default=default("backend_sync_s", 1.0),
-        help="how often loaded copies are checked against what the Triton sidecar and the vLLM engines hold",
-    )
-    parser.add_argument(
-        "--failed-load-backoff-s", type=float, default=default("failed_load_backoff_s", 5.0),
-        help="after a failed load, requests for that model get its error again without a new load for this long",
-    )
-    parser.add_argument(
-        "--budget-mode", default=default("budget_mode", "auto"), choices=[mode.value for mode in BudgetMode],
-        help="hard: a load on a full pod evicts first and memory never passes the budget; load-first: the "
-             "displaced copies serve until the load succeeded (a failed load evicts nothing; memory passes the "
-             "budget by one model while it loads); auto: hard on a GPU, load-first on a CPU",
-    )
-    parser.add_argument(
-        "--admission-control", default=default("admission_control", "on"), choices=["on", "off"],
-        help="on: a requested model worth less than what it would displace serves its requests and is unloaded again",
-    )
-    parser.add_argument(
-        "--inference-threads", type=int, default=default("inference_threads"),
-        help="inferences run at once (default: one per available core; more only contend for the GIL)",
-    )
-    parser.add_argument(
-        "--torch-threads", type=int, default=default("torch_threads"),
-        help="threads each in-process torch inference uses (default: available cores / inference threads)",
-    )
-    parser.add_argument(
-        "--vllm-command", default=default("vllm_command", ""),
-        help="what starts a vllm model's engine (default: python -m vllm.entrypoints.openai.api_server, when vllm is installed)",
-    )
-    parser.add_argument(
-        "--vllm-device-memory", default=default("vllm_device_memory"),
-        help="the memory gpu_memory_utilization is a share of (default: the first GPU's)",
-    )
-    parser.add_argument(
-        "--vllm-start-timeout-s", type=float, default=default("vllm_start_timeout_s", DEFAULT_START_TIMEOUT_S),
-        help="longest a vllm engine may take to answer /health after it starts",
-    )
-    parser.add_argument(
-        "--vllm-cpu-cores-per-engine", type=int, default=default("vllm_cpu_cores_per_engine", 0),
-        help="on a pod without a GPU: the cores each vllm engine computes on, a block of its own (0: half the pod's)",
-    )
-    parser.add_argument("--log-level", default=default("log_level", "info"))
+    worker_settings.add_arguments(parser, env)
     slow_clients.add_arguments(parser, env)
-    parser.add_argument("--api-token", default=default("api_token", ""),
-                        help="bearer token every endpoint but health probes and /metrics requires; empty: none")
-    parser.add_argument("--drain-seconds", type=float, default=default("drain_s", 5.0),
-                        help="after SIGTERM: report unready and keep serving this long before stopping")
-    parser.add_argument("--max-model-queue", type=int, default=default("max_model_queue", DEFAULT_MAX_MODEL_QUEUE),
-                        help="requests that may wait for a slot of a model's maxConcurrency; past it 429")
-    parser.add_argument("--file-roots", default=default("file_roots", "*"),
-                        help="comma-separated folders file:// sources may name; '*': any; empty: none")
-    parser.add_argument("--triton-backends", default=default("triton_backends", "*"),
-                        help="comma-separated Triton backends triton models may use; '*': any; empty: none")
-    parser.add_argument("--source-cache", default=default("source_cache", ""),
-                        help="folder remote sources (s3://, gs://, hf://, https://) are downloaded into; empty: none")
-    parser.add_argument("--source-cache-bytes", default=default("source_cache_bytes", str(DEFAULT_SOURCE_CACHE_BYTES)),
-                        help="the source cache's byte budget (a quantity: 20Gi); least valuable entries not in use go first")
-    parser.add_argument("--s3-endpoint", default=default("s3_endpoint", ""),
-                        help="the pool's S3 endpoint for s3:// sources that name none (http(s)://host:port); empty: AWS")
-    parser.add_argument("--s3-region", default=default("s3_region", ""))
-    parser.add_argument("--s3-path-style", default=default("s3_path_style", "on"), choices=["on", "off"],
-                        help="on: the bucket in the URL's path (most S3-compatible servers); off: in the host name")
-    parser.add_argument("--hf-endpoint", default=default("hf_endpoint", ""),
-                        help="a Hugging Face hub mirror for hf:// sources ($HF_ENDPOINT); empty: the public hub")
-    parser.add_argument("--oci-root", default=default("oci_root", "/mnt/oci"),
-                        help="where the operator mounts oci:// sources as image volumes")
-    parser.add_argument("--oci-image-volumes", default=default("oci_image_volumes", "on"), choices=["on", "off"],
-                        help="on: oci:// sources are image volumes under --oci-root; off: pulled into --source-cache")
-    parser.add_argument("--oci-plain-http", default=default("oci_plain_http", ""),
-                        help="comma-separated registries (host:port) pulled over plain http (the source policy's "
-                             "http:// entries); every other registry over https")
-    parser.add_argument("--source-credentials", default=default("source_credentials", ""),
-                        help="folder of source credentials (a mounted Secret: <namespace>.<secret>.<KEY> files)")
-    parser.add_argument("--load-timeout-s", type=float, default=default("load_timeout_s", DEFAULT_LOAD_TIMEOUT_S),
-                        help="longest a load's fetch of a remote source may take (a download past it fails the load)")
     return parser
 
 
@@ -268,8 +110,8 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
         parser.error("--model-store (or HOTSET_MODEL_STORE) is required, or --catalog-url (HOTSET_CATALOG_URL) in a cluster")
     if args.model_store and args.catalog_url:
         parser.error("--model-store and --catalog-url name two catalogs; give one")
-    roots = args.source_root if args.source_root is not None else _split(env.get(ENVIRONMENT["source_root"], ""))
-    grpc_port = args.grpc_port.strip() if isinstance(args.grpc_port, str) else str(args.grpc_port)
+    roots = args.source_root if args.source_root is not None else _split(env.get(WorkerOption.SOURCE_ROOT.env, ""))
+    grpc_port = args.grpc_port.strip()
     if grpc_port and (not grpc_port.isdigit() or int(grpc_port) > 65535):
         parser.error(f"--grpc-port must be a port number (0: a free one) or empty, got {args.grpc_port!r}")
     if float(args.backend_sync_s) <= 0:
@@ -298,7 +140,7 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
             max_models=int(args.max_models) if args.max_models not in (None, "") else None,
             triton_url=args.triton_url.strip(),
             triton_repository=Path(args.triton_repository),
-            pod_name=args.pod_name,
+            pod_name=args.pod_name or socket.gethostname(),
             pinned=tuple(_split(args.pinned)),
             max_body_bytes=quantity.parse_bytes(args.max_body_bytes),
             source_roots=dict(_source_root(item) for item in roots),

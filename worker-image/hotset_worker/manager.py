@@ -73,6 +73,7 @@ Guarantees, and how they are kept:
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import contextlib
 import copy as copying
@@ -88,7 +89,7 @@ from hotset_common.budget import BudgetMode
 from hotset_common.eviction import Candidate, DecayedCount, EvictionPolicy, eviction_cost
 from hotset_common.quantity import format_bytes
 from hotset_common.spec import Framework, ModelSpec
-from hotset_common.wire import CopyState
+from hotset_common.wire import CopyState, Preemption
 from hotset_worker import engine, memory, rollouts
 from hotset_worker.admission import AdmissionQueue
 from hotset_worker.changes import ChangeFeed
@@ -106,6 +107,7 @@ WorkerFactory = Callable[[ModelSpec, WorkerContext], FrameworkWorker]
 
 DEFAULT_REQUEST_TIMEOUT_S = 30.0
 DEFAULT_MAX_QUEUE = 256
+PREEMPTIONS_KEPT = 16  # preemptions a report carries
 ROOM_WAIT_S = 60.0  # longest a prepared load waits for room under a hard budget before it fails
 
 
@@ -259,6 +261,9 @@ class ModelManager:
         self._tasks: set[asyncio.Task[None]] = set()
         self._rollouts_waiting: set[str] = set()  # stale copies whose new version waits for room beside them
         self._load_pool = concurrent.futures.ThreadPoolExecutor(load_threads, thread_name_prefix="model-load")
+        # The latest copies evicted for a higher priority's load: reported (status_report.py) for the
+        # operator's Events; a few suffice, it reads every pod's report every few seconds.
+        self.preemptions: collections.deque[Preemption] = collections.deque(maxlen=PREEMPTIONS_KEPT)
 
     @property
     def memory_budget(self) -> int:
@@ -945,6 +950,9 @@ class ModelManager:
             if by is not None and by.priority > copy.spec.priority:
                 log.info("evicting %s (%s, priority %d): preempted by the load of %s (priority %d)", copy.model_id,
                          format_bytes(copy.bytes), copy.spec.priority, by.id, by.priority)
+                seq = self.preemptions[-1].seq + 1 if self.preemptions else 1
+                self.preemptions.append(Preemption(seq=seq, model=copy.model_id, priority=copy.spec.priority,
+                                                   by=by.id, by_priority=by.priority, at=time.time()))
             else:
                 log.info("evicting %s (%s)", copy.model_id, format_bytes(copy.bytes))
             self._observer.model_evicted(copy.spec)

@@ -151,6 +151,7 @@ class ReportSource(Protocol):
     max_models: int | None
     policy: Any
     demand_half_life_s: float
+    preemptions: Iterable[wire.Preemption]  # the latest copies evicted for a higher priority
 
     def now(self) -> float: ...
     def view(self, model_id: str) -> Any: ...
@@ -304,6 +305,7 @@ class StatusReports:
             removed_catalog=removed_catalog,
             routers=sorted(self._routers),
             demand_half_life_s=half_life,
+            preemptions=list(manager.preemptions),
             grpc_port=self.grpc_port,
         )
 

@@ -1,0 +1,101 @@
+"""Only those who may read the workers' token can make a pod hotset trusts (a real API server, its
+RBAC, its controllers and the chart's ValidatingAdmissionPolicy as ``helm template`` renders it).
+
+The router and the operator find workers by label, the NetworkPolicy admits callers by label and
+worker pods mount the token: in a namespace hotset serves, someone who may create pods but not
+read the token cannot make one that carries hotset's worker, router or operator labels, runs as
+one of its ServiceAccounts or mounts the token, directly or through a Deployment or ReplicaSet.
+Deployments of those who may (the operator, the installer) still get their pods from Kubernetes'
+own controllers.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hotset_common import labels
+from hotset_testing.operator_harness import Cluster, wait_for
+
+CHART = Path(__file__).resolve().parents[2] / "charts" / "hotset"
+MALLORY = "--as=mallory"
+
+
+@pytest.fixture
+def guarded(cluster: Cluster) -> Cluster:
+    """The chart's trusted-pods policy, bound to the test's namespace (its release namespace)."""
+    helm = cluster.kube.binaries.helm
+    if helm is None:
+        pytest.fail("helm is missing; run `make install-k8s`", pytrace=False)
+    rendered = subprocess.run([str(helm), "template", "hotset", str(CHART), "--namespace", cluster.namespace,
+                               "--show-only", "templates/worker-integrity-policy.yaml"],
+                              capture_output=True, text=True, timeout=60, check=True).stdout
+    cluster.kube.kubectl("apply", "-f", "-", input=rendered)
+    cluster.kubectl("create", "serviceaccount", "hotset-worker")  # as the chart makes it
+    cluster.kubectl("create", "role", "deployer", "--verb=get,list,create,update,patch",
+                    "--resource=pods,deployments.apps,replicasets.apps")
+    cluster.kubectl("create", "rolebinding", "mallory", "--role=deployer", "--user=mallory")
+    try:
+        yield cluster
+    finally:
+        cluster.kube.kubectl("delete", "-f", "-", input=rendered, check=False)
+
+
+def _pod(name: str, pod_labels: dict[str, str] | None = None, **spec: Any) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": pod_labels or {"app": name}},
+            "spec": {"containers": [{"name": "c", "image": "registry.example/any:1"}], **spec}}
+
+
+def _deployment(name: str, pod_labels: dict[str, str]) -> dict[str, Any]:
+    pod = _pod(name, pod_labels)
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name},
+            "spec": {"replicas": 1, "selector": {"matchLabels": pod_labels},
+                     "template": {"metadata": pod["metadata"] | {"name": None}, "spec": pod["spec"]}}}
+
+
+def _create(cluster: Cluster, manifest: dict[str, Any], *identity: str, dry_run: bool = True):
+    args = ["create", "-f", "-", *identity] + (["--dry-run=server"] if dry_run else [])
+    return cluster.kubectl(*args, input=json.dumps(manifest), check=False)
+
+
+WORKER = {labels.PART_OF: labels.PROJECT, labels.COMPONENT: labels.WORKER, labels.POOL: labels.SHARED_POOL}
+ROUTER = {labels.PART_OF: labels.PROJECT, labels.COMPONENT: "router"}
+
+
+def test_a_pod_that_would_pass_for_hotsets_own_needs_the_right_to_read_the_token(guarded: Cluster) -> None:
+    refused = wait_for(lambda: (r := _create(guarded, _pod("fake-worker", WORKER), MALLORY)).returncode != 0 and r,
+                       "the policy in force")
+    assert ("mallory may not make a Pod that carries hotset's worker labels: that needs get on "
+            f"secrets/hotset-worker-token in {guarded.namespace}") in refused.stderr
+    as_router = _create(guarded, _deployment("fake-router", ROUTER), MALLORY)
+    assert as_router.returncode != 0 and "may not make a Deployment that carries hotset's router labels" in as_router.stderr
+    as_account = _create(guarded, _pod("sa", serviceAccountName="hotset-worker"), MALLORY)
+    assert as_account.returncode != 0 and "runs as hotset's ServiceAccount hotset-worker" in as_account.stderr
+    token = {"name": "t", "secret": {"secretName": "hotset-worker-token"}}
+    mounting = _create(guarded, _pod("mount", volumes=[token]), MALLORY)
+    assert mounting.returncode != 0 and "mounts the workers' token hotset-worker-token" in mounting.stderr
+    from_env = _pod("env")
+    from_env["spec"]["containers"][0]["env"] = [
+        {"name": "T", "valueFrom": {"secretKeyRef": {"name": "hotset-worker-token", "key": "token"}}}]
+    assert _create(guarded, from_env, MALLORY).returncode != 0
+    # anything else she may make as before, but not relabel it as hotset's afterwards
+    assert _create(guarded, _pod("plain"), MALLORY, dry_run=False).returncode == 0
+    assert _create(guarded, _deployment("plain", {"app": "plain"}), MALLORY).returncode == 0
+    relabel = guarded.kubectl("label", "pod", "plain", MALLORY, f"{labels.PART_OF}={labels.PROJECT}",
+                              f"{labels.COMPONENT}={labels.WORKER}", check=False)
+    assert relabel.returncode != 0 and "carries hotset's worker labels" in relabel.stderr
+    assert guarded.kubectl("label", "pod", "plain", MALLORY, "tier=web").returncode == 0
+
+
+def test_a_deployment_of_someone_who_may_read_the_token_gets_its_pods(guarded: Cluster) -> None:
+    wait_for(lambda: _create(guarded, _pod("probe", WORKER), MALLORY).returncode != 0, "the policy in force")
+    assert _create(guarded, _deployment("pool", WORKER), dry_run=False).returncode == 0  # the admin here
+    pods = wait_for(lambda: guarded.items("pods", f"{labels.COMPONENT}={labels.WORKER}"),
+                    "the ReplicaSet controller's pod of it")
+    assert pods[0]["metadata"]["ownerReferences"][0]["kind"] == "ReplicaSet"
+    # what controllers and the operator change on it later (not what is judged) passes, whoever it is
+    name = pods[0]["metadata"]["name"]
+    assert guarded.kubectl("annotate", "pod", name, MALLORY, "hotset.io/draining=1").returncode == 0

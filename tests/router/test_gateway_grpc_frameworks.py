@@ -17,6 +17,7 @@ from tritonclient.utils import triton_to_np_dtype
 
 from gateway_helpers import ROOT, copies, local_stack
 from hotset_testing.processes import free_port
+from hotset_worker import samples
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
 SAMPLES = ROOT / "build/models/model-store.json"
@@ -24,10 +25,9 @@ SAMPLES = ROOT / "build/models/model-store.json"
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    if not SAMPLES.exists():
-        pytest.fail(f"{SAMPLES} is missing: run `.venv/bin/hotset-samples --out build/models` (make install does)")
+    store = samples.generate(ROOT / "build" / "models")  # idempotent: reuses what `make install` built
     port = free_port()
-    stack = local_stack.start_stack(SAMPLES, workers=1, router_port=None, work_dir=tmp_path_factory.mktemp("stack"),
+    stack = local_stack.start_stack(store, workers=1, router_port=None, work_dir=tmp_path_factory.mktemp("stack"),
                                     grpc_port=port, deadline_s=180)
     try:
         yield stack, f"127.0.0.1:{port}"

@@ -15,10 +15,10 @@ import pytest
 import tritonclient.grpc as triton_grpc
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
-from tritonclient.utils import InferenceServerException
 
 from gateway_helpers import ROOT, copies, wait_for, write_ballast_store
 from hotset_testing import ballast_framework as ballast
+from hotset_testing.grpc_clients import fp32_input, grpc_client, refusal
 from hotset_testing.processes import free_port
 
 TOKEN = "pod-secret"
@@ -37,23 +37,10 @@ def stack(module_procs, tmp_path_factory):
 
 @pytest.fixture
 def client(stack):
-    client = triton_grpc.InferenceServerClient(stack[2])
-    try:
+    with grpc_client(stack[2]) as client:
         yield client
-    finally:
-        client.close()
 
 
-def fp32(values: np.ndarray) -> triton_grpc.InferInput:
-    tensor = triton_grpc.InferInput("INPUT0", list(values.shape), "FP32")
-    tensor.set_data_from_numpy(values)
-    return tensor
-
-
-def refusal(call) -> InferenceServerException:
-    with pytest.raises(InferenceServerException) as caught:
-        call()
-    return caught.value
 
 
 def test_tritonclient_grpc_infers_through_the_router_and_a_cold_model_loads(stack, client) -> None:
@@ -65,7 +52,7 @@ def test_tritonclient_grpc_infers_through_the_router_and_a_cold_model_loads(stac
     assert [(i.name, i.datatype) for i in metadata.inputs] == [("INPUT0", "FP32")]
     assert copies(router.url, "scaler") == []
     values = np.array([[1.0, -2.5, 4.0]], dtype=np.float32)
-    result = client.infer("scaler", [fp32(values)], request_id="first")
+    result = client.infer("scaler", [fp32_input(values)], request_id="first")
     np.testing.assert_allclose(result.as_numpy("OUTPUT0"), values * 2)
     assert result.get_response().id == "first" and result.get_response().model_name == "scaler"
     assert len(copies(router.url, "scaler")) == 1 and client.is_model_ready("scaler")
@@ -87,10 +74,10 @@ def test_a_client_generated_from_the_standard_proto_works_through_the_router(sta
 
 
 def test_errors_are_the_http_messages_as_grpc_codes(client) -> None:
-    error = refusal(lambda: client.infer("no-such-model", [fp32(np.ones(1, dtype=np.float32))]))
+    error = refusal(lambda: client.infer("no-such-model", [fp32_input(np.ones(1, dtype=np.float32))]))
     assert error.status() == "StatusCode.NOT_FOUND" and "'no-such-model'" in error.message()
     assert refusal(lambda: client.is_model_ready("no-such-model")).status() == "StatusCode.NOT_FOUND"
-    short = fp32(np.ones(4, dtype=np.float32))
+    short = fp32_input(np.ones(4, dtype=np.float32))
     short._raw_content = short._raw_content[:8]
     error = refusal(lambda: client.infer("scaler", [short]))  # the worker's refusal, passed on
     assert error.status() == "StatusCode.INVALID_ARGUMENT"
@@ -104,21 +91,18 @@ def test_errors_are_the_http_messages_as_grpc_codes(client) -> None:
 def test_the_workers_grpc_port_needs_the_token_the_router_adds(stack) -> None:
     worker = stack[1][0]
     port = httpx.get(f"{worker.url}/status", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10).json()["grpc_port"]
-    direct = triton_grpc.InferenceServerClient(f"127.0.0.1:{port}")
-    try:
+    with grpc_client(f"127.0.0.1:{port}") as direct:
         for headers in ({}, {"authorization": "Bearer wrong"}):
-            error = refusal(lambda: direct.infer("scaler", [fp32(np.ones(1, dtype=np.float32))], headers=headers))
+            error = refusal(lambda: direct.infer("scaler", [fp32_input(np.ones(1, dtype=np.float32))], headers=headers))
             assert error.status() == "StatusCode.UNAUTHENTICATED" and "Bearer" in error.message()
         assert direct.is_server_live()  # the probes need none
-    finally:
-        direct.close()
 
 
 def test_past_the_routers_request_limit_is_unavailable_with_retry_after(stack, client) -> None:
     router = stack[0]
-    client.infer("slow", [fp32(np.ones(1, dtype=np.float32))])  # loaded, so the next one only waits on inference
+    client.infer("slow", [fp32_input(np.ones(1, dtype=np.float32))])  # loaded, so the next one only waits on inference
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        first = pool.submit(client.infer, "slow", [fp32(np.ones(1, dtype=np.float32))])
+        first = pool.submit(client.infer, "slow", [fp32_input(np.ones(1, dtype=np.float32))])
         wait_for(lambda: inflight(router.url) == 1, "one request in flight through the router")
         with grpc.insecure_channel(stack[2]) as channel:
             call = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
@@ -131,7 +115,7 @@ def test_past_the_routers_request_limit_is_unavailable_with_retry_after(stack, c
 
 
 def test_a_deadline_shorter_than_the_inference_is_deadline_exceeded(client) -> None:
-    error = refusal(lambda: client.infer("slow", [fp32(np.ones(1, dtype=np.float32))], client_timeout=0.5))
+    error = refusal(lambda: client.infer("slow", [fp32_input(np.ones(1, dtype=np.float32))], client_timeout=0.5))
     assert error.status() == "StatusCode.DEADLINE_EXCEEDED"
 
 
@@ -171,12 +155,9 @@ def test_pods_that_serve_no_grpc_are_passed_over_and_keep_their_copies(procs, tm
     for model in ("a", "b"):  # each model's only copy on the pod without gRPC
         assert httpx.post(f"{without.url}/v2/repository/models/{model}/load", timeout=30).status_code == 200
     wait_for(lambda: copies(router.url, "a") == copies(router.url, "b") == ["without-grpc"], "the router to see them")
-    client = triton_grpc.InferenceServerClient(f"127.0.0.1:{port}")
-    try:
+    with grpc_client(f"127.0.0.1:{port}") as client:
         for model in ("a", "b", "a", "b"):
-            assert client.infer(model, [fp32(np.ones(1, dtype=np.float32))]).as_numpy("OUTPUT0").tolist() == [2.0]
-    finally:
-        client.close()
+            assert client.infer(model, [fp32_input(np.ones(1, dtype=np.float32))]).as_numpy("OUTPUT0").tolist() == [2.0]
     pods = {p["pod"]: p for p in httpx.get(f"{router.url}/router/pods", timeout=5).json()}
     assert set(pods) == {"with-grpc", "without-grpc"}
     assert {m for m, c in pods["with-grpc"]["copies"].items() if c["state"] == "READY"} == {"a", "b"}

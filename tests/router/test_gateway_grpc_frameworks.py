@@ -16,6 +16,7 @@ import tritonclient.grpc as triton_grpc
 from tritonclient.utils import triton_to_np_dtype
 
 from gateway_helpers import ROOT, copies, local_stack
+from hotset_testing.grpc_clients import grpc_client
 from hotset_testing.processes import free_port
 from hotset_worker import samples
 
@@ -37,11 +38,8 @@ def stack(tmp_path_factory):
 
 @pytest.fixture
 def client(stack):
-    client = triton_grpc.InferenceServerClient(stack[1])
-    try:
+    with grpc_client(stack[1]) as client:
         yield client
-    finally:
-        client.close()
 
 
 def listed_inputs(metadata) -> list[triton_grpc.InferInput]:

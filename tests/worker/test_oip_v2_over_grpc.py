@@ -11,9 +11,9 @@ import pytest
 import tritonclient.grpc as triton_grpc
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
-from tritonclient.utils import InferenceServerException
 
 from hotset_testing import ballast_framework as ballast
+from hotset_testing.grpc_clients import fp32_input, grpc_client, refusal
 from hotset_testing.ballast_framework import MiB
 from hotset_testing.worker_server import ballast_app, serve_in_thread, wait_until
 
@@ -34,26 +34,13 @@ def worker(tmp_path_factory):
 
 @pytest.fixture
 def client(worker):
-    client = triton_grpc.InferenceServerClient(worker[1])
-    try:
+    with grpc_client(worker[1]) as client:
         yield client
-    finally:
-        client.close()
 
 
 AUTH = {"authorization": f"Bearer {TOKEN}"}
 
 
-def fp32_input(values: np.ndarray, name: str = "INPUT0") -> triton_grpc.InferInput:
-    tensor = triton_grpc.InferInput(name, list(values.shape), "FP32")
-    tensor.set_data_from_numpy(values)
-    return tensor
-
-
-def refusal(call) -> InferenceServerException:
-    with pytest.raises(InferenceServerException) as caught:
-        call()
-    return caught.value
 
 
 def test_tritonclient_grpc_infers_with_raw_contents(client) -> None:
@@ -178,11 +165,8 @@ def metric(url: str, name: str, model: str, **labels: str) -> float:
 def test_a_message_past_the_body_limit_is_resource_exhausted(tmp_path) -> None:
     store = ballast.catalog(tmp_path, {"double": {}})
     with serve_in_thread(ballast_app(store, budget=4 * MiB, max_body_bytes=4096, grpc_address="127.0.0.1:0")) as url:
-        client = triton_grpc.InferenceServerClient(f"127.0.0.1:{httpx.get(f'{url}/status').json()['grpc_port']}")
-        try:
+        with grpc_client(f"127.0.0.1:{httpx.get(f'{url}/status').json()['grpc_port']}") as client:
             error = refusal(lambda: client.infer("double", [fp32_input(np.ones(2048, dtype=np.float32))]))
             assert error.status() == "StatusCode.RESOURCE_EXHAUSTED"
             result = client.infer("double", [fp32_input(np.ones(8, dtype=np.float32))])  # within it: served
             np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), np.full(8, 2.0, dtype=np.float32))
-        finally:
-            client.close()

@@ -249,6 +249,30 @@ def test_network_policy_is_enforced(platform: KindPlatform) -> None:
         platform.kubectl.kubectl("delete", "namespace", "netpol-check", "--wait=false", check=False)
 
 
+def test_worker_pods_reach_dns_and_the_catalog_and_nothing_else_in_the_cluster(platform: KindPlatform) -> None:
+    """The chart's worker egress rules hold on real pods (kube-router): from a pool pod's worker
+    container, the operator's catalog answers by its Service name (cluster DNS and the catalog are
+    allowed), while the API server, the router's pod and the operator's metrics port do not."""
+    kube = platform.kube
+    worker = one_pod(kube, POOL_SELECTOR)
+    router = kube.items("pods", "-l", ROUTER_SELECTOR)[0]["status"]["podIP"]
+    operator_pod = kube.items("pods", "-l", OPERATOR_SELECTOR)[0]["status"]["podIP"]
+    api_server = json.loads(platform.kubectl.kubectl("get", "service", "kubernetes", "-n", "default", "-o", "json")
+                            .stdout)["spec"]["clusterIP"]
+    operator = f"hotset-operator.{platform.namespace}.svc"
+    probe = ("import socket, sys\ns = socket.socket(); s.settimeout(3)\n"
+             "try:\n s.connect((sys.argv[1], int(sys.argv[2]))); print('open')\nexcept OSError as e:\n print('closed', e)")
+
+    def reach(host: str, port: int) -> str:
+        done = pod_exec(platform, worker, WORKER_CONTAINER, "python", "-c", probe, host, str(port))
+        return (done.stdout + done.stderr).strip()
+
+    wait_for("the catalog reachable from a worker pod", lambda: reach(operator, 8090) == "open", 60)
+    for what, host, port in (("the API server", api_server, 443), ("the router's pod", router, 8080),
+                             ("the operator's metrics port", operator_pod, 9090)):
+        wait_for(f"{what} closed to worker pods", lambda host=host, port=port: reach(host, port).startswith("closed"), 60)
+
+
 def test_helm_upgrade_rolls_the_pool_without_failed_requests(platform: KindPlatform) -> None:
     """helm upgrade to a new worker image rolls every pool pod; requests to a model with two copies all succeed."""
     kube = platform.kube

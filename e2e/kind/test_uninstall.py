@@ -1,8 +1,9 @@
 """helm uninstall leaves nothing of hotset behind but its CRD; runs last.
 
 ServedModels are deleted first, as docs/operator.md tells users to. What the
-operator made itself (the shared pool's WorkerPool and Deployment) is owned by
-the operator's Deployment, so Kubernetes removes it with the release.
+operator made itself (the shared pool's WorkerPool, and its Deployment,
+disruption budget and NetworkPolicy) is owned by the operator's Deployment, so
+Kubernetes removes it with the release.
 """
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from platform_kind import KindPlatform
 from scenarios.chart import RELEASE
 from scenarios.platform import wait_for
 
-KINDS = "deployments,replicasets,pods,services,configmaps,secrets,serviceaccounts,roles,rolebindings,servedmodels"
+KINDS = ("deployments,replicasets,pods,services,configmaps,secrets,serviceaccounts,roles,rolebindings,servedmodels,"
+         "workerpools,poddisruptionbudgets,networkpolicies")
 
 
 def remaining(platform: KindPlatform) -> list[str]:

@@ -85,6 +85,10 @@ class OperatorConfig(BaseModel):
     worker_scheduling: Scheduling = Field(default_factory=Scheduling, description="where worker pods may run "
                                           "(the chart's workers.scheduling); a WorkerPool's or a dedicated "
                                           "ServedModel's spec.scheduling overrides it field by field")
+    worker_network_rules: dict[str, Any] = Field(
+        default_factory=dict, description="the worker pods' NetworkPolicy rules (the chart's networkPolicy, "
+        "rendered once: `ingress` and `egress` lists whose peers name the release namespace), applied "
+        "beside every worker Deployment; empty: the operator writes no NetworkPolicy")
     triton_sidecar: TritonSidecar = Field(TritonSidecar.AUTO, description="which worker pods run the Triton "
                                           "sidecar; a WorkerPool's spec.tritonSidecar overrides it")
     pool_name: str = "hotset-pool"
@@ -168,10 +172,11 @@ class OperatorConfig(BaseModel):
                 "limit, on CPU worker pods (workers.gpu.mode: none): models are held in that container's memory")
         return self
 
-    @field_validator("worker_scheduling", mode="before")
+    @field_validator("worker_scheduling", "worker_network_rules", mode="before")
     @classmethod
-    def _parse_scheduling(cls, value: Any) -> Any:
-        """The chart passes workers.scheduling as JSON (HOTSET_OPERATOR_WORKER_SCHEDULING)."""
+    def _parse_json(cls, value: Any) -> Any:
+        """The chart passes workers.scheduling and the worker network rules as JSON
+        (HOTSET_OPERATOR_WORKER_SCHEDULING, HOTSET_OPERATOR_WORKER_NETWORK_RULES)."""
         if isinstance(value, str):
             return json.loads(value) if value.strip() else {}
         return value

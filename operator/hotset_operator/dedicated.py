@@ -135,10 +135,18 @@ class DedicatedGroups:
         self.kube.scale_deployment(entry.namespace, name, spec.replicas.min)
         self.kube.apply_deployment(workloads.build_dedicated_deployment(spec, body, self.config))
         self.kube.apply_disruption_budget(workloads.build_disruption_budget(name, entry.namespace, spec.id, body))
+        self._apply_network_policy(entry, spec, name, body)
+
+    def _apply_network_policy(self, entry: ModelEntry, spec: ModelSpec, name: str, body: dict[str, Any]) -> None:
+        policy = workloads.build_network_policy(self.config, name, entry.namespace, spec.id,
+                                                workloads.owner_reference(body))
+        if policy is not None:
+            self.kube.apply_network_policy(policy)
 
     def _update(self, entry: ModelEntry, spec: ModelSpec, name: str) -> tuple[str | None, str]:
         body = _body(entry)
         before = self.kube.deployment_version(entry.namespace, name)
         after = self.kube.apply_deployment(workloads.build_dedicated_deployment(spec, body, self.config))
         self.kube.apply_disruption_budget(workloads.build_disruption_budget(name, entry.namespace, spec.id, body))
+        self._apply_network_policy(entry, spec, name, body)
         return before, after

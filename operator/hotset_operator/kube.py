@@ -74,6 +74,10 @@ class Kube:
         return self._group("PolicyV1Api")
 
     @property
+    def _networking(self) -> client.NetworkingV1Api:
+        return self._group("NetworkingV1Api")
+
+    @property
     def _authorization(self) -> client.AuthorizationV1Api:
         return self._group("AuthorizationV1Api")
 
@@ -158,6 +162,9 @@ class Kube:
 
     def apply_disruption_budget(self, budget: dict[str, Any]) -> str:
         return _server_side_apply(self._policy.patch_namespaced_pod_disruption_budget, budget)
+
+    def apply_network_policy(self, policy: dict[str, Any]) -> str:
+        return _server_side_apply(self._networking.patch_namespaced_network_policy, policy)
 
     def deployment_version(self, namespace: str, name: str) -> str | None:
         try:

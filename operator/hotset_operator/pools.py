@@ -242,6 +242,9 @@ class Pools:
         budget = workloads.build_disruption_budget(pool.name, pool.namespace, None)
         budget["metadata"]["ownerReferences"] = [pool.owner]
         await self._apply_if_changed(("budget", pool.namespace), budget, self.kube.apply_disruption_budget)
+        policy = workloads.build_network_policy(self.config, pool.name, pool.namespace, None, pool.owner)
+        if policy is not None:
+            await self._apply_if_changed(("network", pool.namespace), policy, self.kube.apply_network_policy)
         if deployment is None or step.replicas != current:
             if deployment is not None:
                 log.info("pool %s/%s: %d -> %d pods (%s)", pool.namespace, pool.name, current, step.replicas,

@@ -497,6 +497,27 @@ def build_disruption_budget(name: str, namespace: str, dedicated_to: str | None,
     return budget
 
 
+def build_network_policy(config: OperatorConfig, name: str, namespace: str, dedicated_to: str | None,
+                         owner: dict[str, Any]) -> dict[str, Any] | None:
+    """The chart's worker network rules (docs/security.md, "Network") beside one worker Deployment:
+    only the router and the operator may call its pods, and its pods may reach only cluster DNS,
+    the operator's catalog and the model stores the chart names. The chart's own policy covers the
+    release namespace; this one makes the rules hold in pool namespaces and for dedicated groups in
+    their models' namespaces too, and goes with its owner. None: the chart turned the policy off."""
+    rules = config.worker_network_rules
+    if not rules:
+        return None
+    kinds_of_rule = [kind for kind in ("Ingress", "Egress") if kind.lower() in rules]
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": name, "namespace": namespace, "ownerReferences": [owner],
+                     "labels": {**worker_labels(dedicated_to), labels.MANAGED_BY: MANAGER}},
+        "spec": {"podSelector": {"matchLabels": worker_labels(dedicated_to)}, "policyTypes": kinds_of_rule,
+                 **{kind.lower(): rules[kind.lower()] for kind in kinds_of_rule}},
+    }
+
+
 def spec_hash(spec: ModelSpec) -> str:
     """What rolls a dedicated group: its model's entry as its pods read it."""
     return hashlib.sha256(json.dumps(model_store.store_entry(spec), sort_keys=True).encode()).hexdigest()[:16]

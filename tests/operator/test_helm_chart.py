@@ -90,6 +90,8 @@ OPERATOR_NEEDS = [
     ("get", "secrets"), ("create", "secrets"), ("patch", "secrets/hotset-source-credentials"),
     ("get", "namespaces"),
     ("create", "subjectaccessreviews.authorization.k8s.io"),  # checking an approval (test_approvals.py)
+    # each worker Deployment's NetworkPolicy (test_worker_network_policy.py)
+    ("create", "networkpolicies.networking.k8s.io"), ("patch", "networkpolicies.networking.k8s.io"),
 ]
 OPERATOR_MUST_NOT = [
     ("list", "secrets"), ("watch", "secrets"), ("patch", "secrets/hotset-worker-token"), ("delete", "secrets"),
@@ -100,6 +102,7 @@ OPERATOR_MUST_NOT = [
     ("create", "deployments.apps", "-n", "default"), ("patch", "modelquotas.hotset.io"),
     ("delete", "workerpools.hotset.io"),
     ("update", "servedmodels.hotset.io", "--subresource=approval"),  # approving is people's job
+    ("delete", "networkpolicies.networking.k8s.io"),  # they go with their owners
 ]
 
 
@@ -127,12 +130,18 @@ def test_operator_works_under_its_own_service_account(installed: Cluster, tmp_pa
     kubeconfig = service_account_kubeconfig(installed.kube, installed.namespace, "hotset-operator",
                                             tmp_path / "operator.kubeconfig")
     monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
-    config = operator_config(installed.namespace, worker_service_account="hotset-worker")
+    rendered = next(d for d in yaml.safe_load_all(_render(installed)) if d and d["kind"] == "Deployment"
+                    and d["metadata"]["name"] == "hotset-operator")
+    rules = OperatorConfig.from_env({e["name"]: e["value"] for e in rendered["spec"]["template"]["spec"]
+                                     ["containers"][0]["env"] if "value" in e}, namespace="ml").worker_network_rules
+    config = operator_config(installed.namespace, worker_service_account="hotset-worker", worker_network_rules=rules)
     with running_operator(config):
         installed.apply(served_model("rbac-check", placement="dedicated", replicas={"min": 1, "max": 1}))
         wait_for(lambda: (installed.condition("rbac-check", "Accepted") or {}).get("status") == "True", "Accepted")
         deployment = wait_for(lambda: installed.get("deployment", "rbac-check-dedicated"), "the dedicated Deployment")
         assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == "hotset-worker"
+        policy = wait_for(lambda: installed.get("networkpolicy", "rbac-check-dedicated"), "its NetworkPolicy")
+        assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"]
         wait_for(lambda: catalog_models(config, installed.namespace, "rbac-check") == ["rbac-check"],
                  "its catalog served")
         installed.kubectl("delete", "servedmodel", "rbac-check", "--timeout=30s")
@@ -146,6 +155,8 @@ def test_chart_settings_are_ones_the_operator_reads(kube_cluster: KubeCluster) -
     assert result.returncode == 0, result.stderr
     operator = next(d for d in yaml.safe_load_all(result.stdout)
                     if d and d["kind"] == "Deployment" and d["metadata"]["name"] == "hotset-operator")
+    names = [e["name"] for e in operator["spec"]["template"]["spec"]["containers"][0]["env"]]
+    assert sorted({n for n in names if names.count(n) > 1}) == [], "each setting once"
     env = {e["name"]: e["value"] for e in operator["spec"]["template"]["spec"]["containers"][0]["env"] if "value" in e}
     unknown = [k for k in env if k.startswith(ENV_PREFIX) and k[len(ENV_PREFIX):].lower() not in OperatorConfig.model_fields]
     assert unknown == []

@@ -37,7 +37,7 @@ import pydantic
 
 from hotset_common import labels, model_store
 from hotset_common import sources as locations
-from hotset_common.spec import API_VERSION, KIND, Framework, ModelSpec, Placement, Scheduling, with_variants
+from hotset_common.spec import API_VERSION, KIND, Framework, ModelSpec, Scheduling, with_variants
 from hotset_common.worker_settings import WorkerOption as Opt
 from hotset_operator import kinds
 from hotset_operator.config import GpuMode, OperatorConfig, TritonSidecar

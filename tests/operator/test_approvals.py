@@ -13,26 +13,18 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
+from hotset_testing import chart
 from hotset_testing.kube_cluster import KubeCluster
 from hotset_testing.operator_harness import Cluster, catalog, operator_config, running_operator, served_model, wait_for
-
-ROOT = Path(__file__).resolve().parents[2]
-CHART = ROOT / "charts" / "hotset"
 
 
 @pytest.fixture(scope="module")
 def approval_policy(crd_installed: KubeCluster) -> KubeCluster:
     """The chart's ValidatingAdmissionPolicy and binding, rendered by helm and applied."""
-    helm = crd_installed.binaries.helm
-    if helm is None:
-        pytest.fail("helm is missing; run `make install-k8s`", pytrace=False)
-    rendered = subprocess.run([str(helm), "template", "hotset", str(CHART), "--namespace", "hotset-approvals",
-                               "--show-only", "templates/approval-policy.yaml"],
-                              capture_output=True, text=True, timeout=60, check=True).stdout
+    rendered = chart.template(crd_installed, "--show-only", "templates/approval-policy.yaml", namespace="hotset-approvals")
     crd_installed.kubectl("apply", "-f", "-", input=rendered)
     return crd_installed
 

@@ -4,32 +4,27 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 from pathlib import Path
 from typing import Any, Iterator
 
 import promql_parser
-import pytest
 import yaml
 
 from hotset_operator.metrics import OperatorMetrics
 from hotset_router.telemetry import RouterMetrics
+from hotset_testing import chart
 from hotset_testing.kube_cluster import KubeCluster
 from hotset_testing.operator_harness import Cluster
 from hotset_worker.metrics import WorkerMetrics
 
 ROOT = Path(__file__).resolve().parents[2]
-CHART = ROOT / "charts" / "hotset"
 MONITORING_CRDS = ROOT / "tests" / "fixtures" / "monitoring-crds.yaml"
 ON = ["--set", "monitoring.dashboard.enabled=true", "--set", "monitoring.prometheusRule.enabled=true",
       "--set", "serviceMonitor.enabled=true"]
 
 
 def _render(kube: KubeCluster, namespace: str, *extra: str) -> list[dict[str, Any]]:
-    result = subprocess.run([str(kube.binaries.helm), "template", "hotset", str(CHART), "--namespace", namespace,
-                             *extra], capture_output=True, text=True, timeout=60, env=kube.env())
-    assert result.returncode == 0, result.stderr
-    return [d for d in yaml.safe_load_all(result.stdout) if d]
+    return chart.render(kube, *extra, namespace=namespace)
 
 
 def _exported() -> dict[str, set[str]]:

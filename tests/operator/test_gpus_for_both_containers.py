@@ -11,26 +11,18 @@ gets a device of its own, and both of its containers name that one claim.
 from __future__ import annotations
 
 import json
-import subprocess
-from pathlib import Path
 
-import yaml
-
+from hotset_testing import chart
 from hotset_testing import kube_cluster as kc
 from hotset_testing.operator_harness import Cluster, operator_config, running_operator, served_model, wait_for
-
-CHART = Path(__file__).resolve().parents[2] / "charts" / "hotset"
 
 
 def rendered_claim_template(cluster: Cluster, device_class: str) -> dict:
     """The chart's ResourceClaimTemplate, rendered as `helm install` would with these values."""
-    result = subprocess.run(
-        [str(cluster.kube.binaries.helm), "template", "hotset", str(CHART), "--namespace", cluster.namespace,
-         "--show-only", "templates/worker-gpu-claim.yaml", "--set", "workers.gpu.mode=dra",
-         "--set", f"workers.gpu.deviceClassName={device_class}", "--set", "workers.gpu.count=1"],
-        capture_output=True, text=True, timeout=60, env=cluster.kube.env())
-    assert result.returncode == 0, result.stderr
-    return yaml.safe_load(result.stdout)
+    (claim,) = chart.render(cluster.kube, "--show-only", "templates/worker-gpu-claim.yaml", "--set", "workers.gpu.mode=dra",
+                            "--set", f"workers.gpu.deviceClassName={device_class}", "--set", "workers.gpu.count=1",
+                            namespace=cluster.namespace)
+    return claim
 
 
 def publish_gpus(cluster: Cluster, node: str, driver: str, device_class: str, count: int) -> None:

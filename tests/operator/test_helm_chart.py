@@ -3,7 +3,6 @@ operator exactly what it needs: it works under its own ServiceAccount and can do
 from __future__ import annotations
 
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -12,29 +11,19 @@ import yaml
 from hotset_common.budget import BudgetMode
 from hotset_operator.config import ENV_PREFIX, OperatorConfig
 from hotset_router import main as router_main
+from hotset_testing import chart
+from hotset_testing.chart import CHART
 from hotset_testing.kube_cluster import KubeCluster
 from hotset_testing.operator_harness import (Cluster, catalog_models, operator_config, running_operator, served_model,
                                               service_account_kubeconfig, wait_for)
 
-CHART = Path(__file__).resolve().parents[2] / "charts" / "hotset"
-
-
-def _helm(kube: KubeCluster, *args: str) -> subprocess.CompletedProcess[str]:
-    if kube.binaries.helm is None:
-        pytest.fail("helm is missing; run `make install-k8s`", pytrace=False)
-    return subprocess.run([str(kube.binaries.helm), *args], capture_output=True, text=True, timeout=60,
-                          env=kube.env())
-
 
 def _render(cluster: Cluster, *extra: str) -> str:
-    result = _helm(cluster.kube, "template", "hotset", str(CHART), "--namespace", cluster.namespace,
-                   "--include-crds", *extra)
-    assert result.returncode == 0, result.stderr
-    return result.stdout
+    return chart.template(cluster.kube, "--include-crds", *extra, namespace=cluster.namespace)
 
 
 def test_helm_lint_passes(kube_cluster: KubeCluster) -> None:
-    result = _helm(kube_cluster, "lint", str(CHART), "--strict")
+    result = chart.helm(kube_cluster, "lint", str(CHART), "--strict")
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -130,10 +119,8 @@ def test_operator_works_under_its_own_service_account(installed: Cluster, tmp_pa
     kubeconfig = service_account_kubeconfig(installed.kube, installed.namespace, "hotset-operator",
                                             tmp_path / "operator.kubeconfig")
     monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
-    rendered = next(d for d in yaml.safe_load_all(_render(installed)) if d and d["kind"] == "Deployment"
-                    and d["metadata"]["name"] == "hotset-operator")
-    rules = OperatorConfig.from_env({e["name"]: e["value"] for e in rendered["spec"]["template"]["spec"]
-                                     ["containers"][0]["env"] if "value" in e}, namespace="ml").worker_network_rules
+    rendered = chart.document(chart.render(installed.kube, namespace=installed.namespace), "Deployment", "hotset-operator")
+    rules = OperatorConfig.from_env(chart.env_values(rendered), namespace="ml").worker_network_rules
     config = operator_config(installed.namespace, worker_service_account="hotset-worker", worker_network_rules=rules)
     with running_operator(config):
         installed.apply(served_model("rbac-check", placement="dedicated", replicas={"min": 1, "max": 1}))
@@ -148,33 +135,28 @@ def test_operator_works_under_its_own_service_account(installed: Cluster, tmp_pa
 
 
 def test_chart_settings_are_ones_the_operator_reads(kube_cluster: KubeCluster) -> None:
-    result = _helm(kube_cluster, "template", "hotset", str(CHART), "--set", "workers.gpu.mode=devicePlugin",
-                   "--set", "workers.gpu.count=2", "--set", "workers.gpu.tritonCount=1",
-                   "--set", "workers.memoryBudget=40Gi", "--set", "workers.modelClaims={models,extra}",
-                   "--set", "workers.budgetMode=hard", "--set", "workers.gpu.sharedMemory=4Gi")
-    assert result.returncode == 0, result.stderr
-    operator = next(d for d in yaml.safe_load_all(result.stdout)
-                    if d and d["kind"] == "Deployment" and d["metadata"]["name"] == "hotset-operator")
+    documents = chart.render(kube_cluster, "--set", "workers.gpu.mode=devicePlugin",
+                             "--set", "workers.gpu.count=2", "--set", "workers.gpu.tritonCount=1",
+                             "--set", "workers.memoryBudget=40Gi", "--set", "workers.modelClaims={models,extra}",
+                             "--set", "workers.budgetMode=hard", "--set", "workers.gpu.sharedMemory=4Gi")
+    operator = chart.document(documents, "Deployment", "hotset-operator")
     names = [e["name"] for e in operator["spec"]["template"]["spec"]["containers"][0]["env"]]
     assert sorted({n for n in names if names.count(n) > 1}) == [], "each setting once"
-    env = {e["name"]: e["value"] for e in operator["spec"]["template"]["spec"]["containers"][0]["env"] if "value" in e}
+    env = chart.env_values(operator)
     unknown = [k for k in env if k.startswith(ENV_PREFIX) and k[len(ENV_PREFIX):].lower() not in OperatorConfig.model_fields]
     assert unknown == []
     config = OperatorConfig.from_env(env, namespace="ml")
     assert (config.gpus_per_pod, config.pod_memory_budget, config.model_claims) == (2, 40 * 2**30, ("models", "extra"))
     assert (config.gpu_mode.value, config.triton_gpus) == ("devicePlugin", 1)
-    assert not [d for d in yaml.safe_load_all(result.stdout) if d and d["kind"] == "ResourceClaimTemplate"]
+    assert not [d for d in documents if d["kind"] == "ResourceClaimTemplate"]
     assert config.worker_service_account == "hotset-worker"
     assert config.pod_budget_mode is BudgetMode.HARD
     assert config.gpu_shared_memory == 4 * 2**30
 
 
 def _router_env(kube: KubeCluster, *sets: str) -> list[dict]:
-    argv = [arg for value in sets for arg in ("--set", value)]
-    result = _helm(kube, "template", "hotset", str(CHART), *argv)
-    assert result.returncode == 0, result.stderr
-    router = next(d for d in yaml.safe_load_all(result.stdout)
-                  if d and d["kind"] == "Deployment" and d["metadata"]["name"] == "hotset-router")
+    router = chart.document(chart.render(kube, *[arg for value in sets for arg in ("--set", value)]),
+                            "Deployment", "hotset-router")
     return router["spec"]["template"]["spec"]["containers"][0]["env"]
 
 
@@ -210,16 +192,14 @@ def test_router_has_no_admin_token_unless_a_secret_is_named(kube_cluster: KubeCl
 ])
 def test_gpu_values_that_would_give_pods_no_gpu_fail_the_render(kube_cluster: KubeCluster, values: list[str],
                                                                 words: str) -> None:
-    result = _helm(kube_cluster, "template", "hotset", str(CHART), *[a for v in values for a in ("--set", v)])
+    result = chart.helm(kube_cluster, "template", chart.RELEASE, str(CHART), *[a for v in values for a in ("--set", v)])
     assert result.returncode != 0 and words in result.stderr, result.stderr
 
 
 def test_worker_pods_answer_only_the_router_and_the_operator(kube_cluster: KubeCluster) -> None:
     """A NetworkPolicy in front of the workers, one generated token shared by exactly the router,
     the operator (and through it the worker pods), and a disruption budget for the routers."""
-    result = _helm(kube_cluster, "template", "hotset", str(CHART))
-    assert result.returncode == 0, result.stderr
-    documents = [d for d in yaml.safe_load_all(result.stdout) if d]
+    documents = chart.render(kube_cluster)
     (policy,) = [d for d in documents if d["kind"] == "NetworkPolicy"]
     assert policy["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "worker"
     peers = [peer["podSelector"]["matchLabels"]["app.kubernetes.io/component"] for peer in policy["spec"]["ingress"][0]["from"]]
@@ -237,9 +217,7 @@ def test_grpc_ports_are_on_by_default_and_named_for_clients_and_meshes(kube_clus
     """OIP v2 over gRPC: the router Service's `grpc` port (appProtocol grpc) to the router's container
     port, the worker pods' port through the operator, and the NetworkPolicy admitting it; 0 turns each off."""
     def documents(*sets: str) -> list[dict]:
-        result = _helm(kube_cluster, "template", "hotset", str(CHART), *[a for s in sets for a in ("--set", s)])
-        assert result.returncode == 0, result.stderr
-        return [d for d in yaml.safe_load_all(result.stdout) if d]
+        return chart.render(kube_cluster, *[a for s in sets for a in ("--set", s)])
 
     def router_parts(docs: list[dict]) -> tuple[dict, dict, dict]:
         service = next(d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "hotset-router")

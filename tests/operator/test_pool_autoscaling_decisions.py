@@ -5,7 +5,7 @@ The same decisions run against real components in test_pool_scales_with_demand.p
 from __future__ import annotations
 
 from hotset_common.spec import ModelSpec
-from hotset_common.wire import CatalogEntry, CopyState, ModelCopy, WaitingModel, WorkerStatus
+from hotset_common.wire import CopyState, ModelCopy, WaitingModel, WorkerStatus
 from hotset_operator import autoscaler, demand, drain
 from hotset_operator.pool import Want
 

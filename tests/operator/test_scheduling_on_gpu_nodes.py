@@ -10,35 +10,30 @@ operator with the chart's default values and checks where the real scheduler bin
 from __future__ import annotations
 
 import json
-import subprocess
-from pathlib import Path
 
 import pytest
-import yaml
 
 from hotset_common import model_store
 from hotset_common.spec import ModelSpec, Scheduling
 from hotset_operator import workloads
 from hotset_operator.config import OperatorConfig, TritonSidecar
+from hotset_testing import chart
 from hotset_testing import kube_cluster as kc
+from hotset_testing.kube_cluster import KubeCluster
 from hotset_testing.operator_harness import Cluster, operator_config, running_operator, served_model, wait_for
 
-CHART = Path(__file__).resolve().parents[2] / "charts" / "hotset"
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
 
 
-def chart_worker_settings(helm: Path, env: dict[str, str] | None = None, *values: str) -> dict[str, str]:
-    """The HOTSET_OPERATOR_* settings the chart renders for worker pods (scheduling, sidecar, GPUs)."""
-    argv = [str(helm), "template", "hotset", str(CHART), "--show-only", "templates/operator-deployment.yaml"]
-    for value in values:
-        argv += ["--set-json", value]
-    result = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env)
-    assert result.returncode == 0, result.stderr
-    (deployment,) = [d for d in yaml.safe_load_all(result.stdout) if d and d["kind"] == "Deployment"]  # and its Service
-    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+def chart_worker_settings(kube: KubeCluster, *values: str) -> dict[str, str]:
+    """The HOTSET_OPERATOR_* settings the chart renders for worker pods (scheduling, sidecar, GPUs),
+    `--set-json` each of `values`."""
+    documents = chart.render(kube, "--show-only", "templates/operator-deployment.yaml",
+                             *[arg for value in values for arg in ("--set-json", value)])
+    env = chart.env_values(chart.document(documents, "Deployment", "hotset-operator"))  # and its Service
     wanted = ("HOTSET_OPERATOR_WORKER_SCHEDULING", "HOTSET_OPERATOR_TRITON_SIDECAR", "HOTSET_OPERATOR_GPU_MODE",
               "HOTSET_OPERATOR_GPUS_PER_POD")
-    return {e["name"].removeprefix("HOTSET_OPERATOR_").lower(): e["value"] for e in container["env"] if e["name"] in wanted}
+    return {name.removeprefix("HOTSET_OPERATOR_").lower(): value for name, value in env.items() if name in wanted}
 
 
 def _config(**overrides) -> OperatorConfig:
@@ -66,9 +61,9 @@ def test_the_device_plugin_is_the_default_gpu_request() -> None:
 
 
 def test_worker_pods_carry_the_charts_scheduling_and_a_dedicated_model_replaces_it_field_by_field() -> None:
-    chart = Scheduling.model_validate({"tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-                                       "nodeSelector": {"pool": "gpu"}})
-    config = _config(worker_scheduling=chart)
+    chart_scheduling = Scheduling.model_validate({"tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                                                  "nodeSelector": {"pool": "gpu"}})
+    config = _config(worker_scheduling=chart_scheduling)
     pool = _pod(workloads.build_pool_deployment(config, replicas=1))
     assert pool["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
     assert pool["nodeSelector"] == {"pool": "gpu"} and "priorityClassName" not in pool
@@ -130,13 +125,12 @@ def test_the_scheduling_changes_leave_the_catalog_entry_and_spec_hash_alone() ->
 
 
 def test_the_charts_values_reach_the_operator(kube_cluster) -> None:
-    helm, env = kube_cluster.binaries.helm, kube_cluster.env()
-    defaults = chart_worker_settings(helm, env)
+    defaults = chart_worker_settings(kube_cluster)
     assert (defaults["gpu_mode"], defaults["triton_sidecar"]) == ("devicePlugin", "auto")
     config = OperatorConfig.from_env({f"HOTSET_OPERATOR_{k.upper()}": v for k, v in defaults.items()})
     assert config.worker_scheduling.pod_fields() == {
         "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]}
-    placed = chart_worker_settings(helm, env, 'workers.scheduling={"nodeSelector": {"pool": "gpu"}, "priorityClassName": "p"}',
+    placed = chart_worker_settings(kube_cluster, 'workers.scheduling={"nodeSelector": {"pool": "gpu"}, "priorityClassName": "p"}',
                                    'workers.triton={"sidecar": "always"}')
     config = OperatorConfig.from_env({f"HOTSET_OPERATOR_{k.upper()}": v for k, v in placed.items()})
     assert config.worker_scheduling.pod_fields() == {  # helm merges the values: the default toleration stays
@@ -158,11 +152,10 @@ def test_on_a_tainted_gpu_node_pool_every_worker_pod_is_scheduled(cluster: Clust
     kc.register_node(cluster.kube, cpu_node, cpu="64", memory="512Gi", labels={"pool": suffix})
     cluster.kube.kubectl("apply", "-f", "-", input=json.dumps({
         "apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": priority}, "value": 1000}))
-    chart = chart_worker_settings(cluster.kube.binaries.helm, cluster.kube.env(),
-                                  f'workers.scheduling={{"tolerations": [{{"key": "nvidia.com/gpu", "operator": "Exists", '
-                                  f'"effect": "NoSchedule"}}], "nodeSelector": {{"pool": "{suffix}"}}}}')
-    config = operator_config(cluster.namespace, worker_scheduling=chart["worker_scheduling"],
-                             triton_sidecar=chart["triton_sidecar"], pool_min_pods=1)
+    rendered = chart_worker_settings(cluster.kube, f'workers.scheduling={{"tolerations": [{{"key": "nvidia.com/gpu", '
+                                     f'"operator": "Exists", "effect": "NoSchedule"}}], "nodeSelector": {{"pool": "{suffix}"}}}}')
+    config = operator_config(cluster.namespace, worker_scheduling=rendered["worker_scheduling"],
+                             triton_sidecar=rendered["triton_sidecar"], pool_min_pods=1)
     try:
         with running_operator(config):
             cluster.apply(served_model("llm", placement="dedicated", memory="1Gi", replicas={"min": 1, "max": 1},

@@ -10,31 +10,18 @@ pods is the kind tier's test (e2e/kind/test_real_kubelet.py).
 from __future__ import annotations
 
 import json
-import subprocess
-from pathlib import Path
 from typing import Any
-
-import pytest
-import yaml
 
 from hotset_operator import workloads
 from hotset_operator.config import OperatorConfig
+from hotset_testing import chart
 from hotset_testing.kube_cluster import KubeCluster
 from hotset_testing.operator_harness import Cluster, operator_config, running_operator, served_model, wait_for
 
-CHART = Path(__file__).resolve().parents[2] / "charts" / "hotset"
-
 
 def render(kube: KubeCluster, namespace: str, *sets: str) -> list[dict[str, Any]]:
-    """`helm template` of the chart into `namespace`, `--set-json` each of `sets`."""
-    if kube.binaries.helm is None:
-        pytest.fail("helm is missing; run `make install-k8s`", pytrace=False)
-    argv = [str(kube.binaries.helm), "template", "hotset", str(CHART), "--namespace", namespace]
-    for value in sets:
-        argv += ["--set-json", value]
-    result = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=kube.env())
-    assert result.returncode == 0, result.stderr
-    return [d for d in yaml.safe_load_all(result.stdout) if d]
+    """The chart rendered into `namespace`, `--set-json` each of `sets`."""
+    return chart.render(kube, *[arg for value in sets for arg in ("--set-json", value)], namespace=namespace)
 
 
 def worker_policies(documents: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -43,9 +30,8 @@ def worker_policies(documents: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def operator_rules(documents: list[dict[str, Any]]) -> dict[str, Any]:
     """The rules the chart hands the operator, read as the operator reads them."""
-    operator = next(d for d in documents if d["kind"] == "Deployment" and d["metadata"]["name"] == "hotset-operator")
-    env = {e["name"]: e["value"] for e in operator["spec"]["template"]["spec"]["containers"][0]["env"] if "value" in e}
-    return OperatorConfig.from_env(env, namespace="ml").worker_network_rules
+    operator = chart.document(documents, "Deployment", "hotset-operator")
+    return OperatorConfig.from_env(chart.env_values(operator), namespace="ml").worker_network_rules
 
 
 def egress_to(rules: dict[str, Any], port: int) -> list[dict[str, Any]]:

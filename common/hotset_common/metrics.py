@@ -42,6 +42,7 @@ ROUTER_RETRIES_TOTAL = f"{PREFIX}_router_retries_total"        # labels: model
 ROUTER_COPY_REMOVALS_TOTAL = f"{PREFIX}_router_copy_removals_total"  # idle extra copies unloaded; labels: model
 ROUTER_PODS = f"{PREFIX}_router_pods"                          # gauge: worker pods in the router's map
 ROUTER_POD_WAITS_TOTAL = f"{PREFIX}_router_pod_waits_total"    # requests held for a pod to start; labels: model, result
+ROUTER_CALLER_REVIEWS_TOTAL = f"{PREFIX}_router_caller_reviews_total"  # API calls checking callers; labels: question, answer
 ROUTER_POD_WAIT_SECONDS = f"{PREFIX}_router_pod_wait_seconds"  # histogram: how long they were held; labels: model
 # The operator's pools (a shared pool per pool namespace, a dedicated group per model); labels: namespace, pool.
 POOL_PODS = f"{PREFIX}_pool_pods"                              # gauge: the Deployment's replicas now

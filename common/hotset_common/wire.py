@@ -46,6 +46,12 @@ def requested_model(name: str) -> str:
     return name
 
 
+# Client -> router: the namespace whose model a request names. Model names are one namespace across
+# the cluster (the operator refuses a second ServedModel of a name), so this addresses, it does not
+# disambiguate: a model of another namespace is not found there. The router's path prefix
+# ``/namespaces/<namespace>/...`` sets it for clients that cannot add a header.
+NAMESPACE_HEADER = "x-hotset-namespace"
+
 # Router -> worker: the canary version (its variant id) chosen to answer a request for its model.
 VARIANT_HEADER = "x-hotset-variant"
 # On every inference answer: the version of the copy that computed it (during a rollout, the old

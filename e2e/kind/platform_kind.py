@@ -22,6 +22,10 @@ from scenarios.platform import Kube, is_true, models_volume, wait_for
 HERE = Path(__file__).resolve().parent
 VALUES = HERE / "values.yaml"
 NAMESPACE = "hotset"
+# The tier's client: a ServiceAccount of a namespace of its own (as an application's would be), allowed
+# to call every model by a ClusterRoleBinding to the chart's model-caller role.
+CALLER_NAMESPACE, CALLER = "e2e-callers", "app"
+CALLER_AUDIENCE = "hotset"  # the chart's router.auth.audiences
 
 
 @dataclass
@@ -30,6 +34,7 @@ class KindPlatform:
     namespace: str = NAMESPACE
     overrides: dict[str, Any] = field(default_factory=dict)
     _forwards: dict[str, tuple[subprocess.Popen[bytes], int]] = field(default_factory=dict)
+    _caller_token: str = ""
 
     @property
     def kubectl(self) -> KindCluster:
@@ -93,6 +98,20 @@ class KindPlatform:
     def router_url(self) -> str:
         """The router Service through port-forward (kubectl picks one ready pod behind it)."""
         return self._forward(f"svc/{RELEASE}-router", 80)
+
+    @property
+    def router_headers(self) -> dict[str, str]:
+        """The tier's caller's bearer token, made once (`kubectl create token`, for the router's audience)."""
+        if not self._caller_token:
+            kubectl = self.cluster.kubectl
+            kubectl("create", "namespace", CALLER_NAMESPACE, check=False)
+            kubectl("create", "serviceaccount", CALLER, "-n", CALLER_NAMESPACE, check=False)
+            kubectl("create", "clusterrolebinding", f"{CALLER_NAMESPACE}-call-models",
+                    f"--clusterrole=hotset-model-caller-{self.namespace}",
+                    f"--serviceaccount={CALLER_NAMESPACE}:{CALLER}", check=False)
+            self._caller_token = kubectl("create", "token", CALLER, "-n", CALLER_NAMESPACE, "--audience",
+                                         CALLER_AUDIENCE, "--duration", "6h").stdout.strip()
+        return {"Authorization": f"Bearer {self._caller_token}"}
 
     def worker_url(self, pod: str) -> str:
         return self._forward(f"pod/{pod}", 8080)

@@ -134,7 +134,28 @@ def test_worker_containers_are_non_root_on_read_only_root(platform: KindPlatform
         name = one_pod(kube, component)
         container = kube.get("pod", name)["spec"]["containers"][0]["name"]
         assert pod_exec(platform, name, container, "id", "-u").stdout.strip() == "1000"
-    check_predictions("sentiment", predict(platform.router_url, "sentiment"))
+    check_predictions("sentiment", predict(platform, "sentiment"))
+
+
+def test_the_chart_router_serves_only_callers_the_cluster_allows(platform: KindPlatform) -> None:
+    """The chart's default checks callers: no token is a 401, a ServiceAccount nobody granted the
+    model-caller role a 403, the tier's caller is served, bare or by namespace."""
+    body = {"model_id": "sentiment", "input_data": payload("sentiment")}
+    bare = httpx.post(f"{platform.router_url}/predict", json=body, timeout=60)
+    assert bare.status_code == 401 and "Authorization: Bearer" in bare.json()["detail"], bare.text
+    kubectl = platform.kubectl.kubectl
+    platform.router_headers  # noqa: B018 - makes the callers' namespace
+    kubectl("create", "serviceaccount", "stranger", "-n", "e2e-callers", check=False)
+    stranger = kubectl("create", "token", "stranger", "-n", "e2e-callers", "--audience", "hotset").stdout.strip()
+    refused = httpx.post(f"{platform.router_url}/predict", json=body,
+                         headers={"Authorization": f"Bearer {stranger}"}, timeout=60)
+    assert refused.status_code == 403 and "servedmodels/predict" in refused.json()["detail"], refused.text
+    served = httpx.post(f"{platform.router_url}/namespaces/{platform.namespace}/predict", json=body,
+                        headers=platform.router_headers, timeout=60)
+    check_predictions("sentiment", served)
+    elsewhere = httpx.post(f"{platform.router_url}/namespaces/e2e-callers/predict", json=body,
+                           headers=platform.router_headers, timeout=60)
+    assert elsewhere.status_code == 404, elsewhere.text
 
 
 def test_memory_budget_over_the_container_limit_is_refused(platform: KindPlatform) -> None:
@@ -207,7 +228,7 @@ def test_apply_to_ready_of_a_tiny_model(platform: KindPlatform) -> None:
             wait_for(f"{model} Ready", lambda: is_true(kube.served_model(model), "Ready"), 180, interval=0.2,
                      show=lambda: (kube.served_model(model).get("status"), router_models(platform)))
             samples.append(time.monotonic() - start)
-            check_predictions(model, predict(platform.router_url, model))
+            check_predictions(model, predict(platform, model))
         finally:
             kube.delete("servedmodel", model)
             wait_for(f"{model} gone", lambda: not kube.items("servedmodels", "--field-selector",
@@ -292,7 +313,7 @@ def test_helm_upgrade_rolls_the_pool_without_failed_requests(platform: KindPlatf
     failures: list[str] = []
 
     def load() -> None:
-        with httpx.Client(timeout=60) as client:
+        with httpx.Client(timeout=60, headers=platform.router_headers) as client:
             while not stop.is_set():
                 answer = client.post(f"{platform.router_url}/predict", json={"model_id": model, "input_data": payload(model)})
                 codes.append(answer.status_code)

@@ -50,7 +50,7 @@ class Stream:
 
     def run(self) -> None:
         threading.Thread(target=self._follow_router, daemon=True).start()
-        with httpx.Client(timeout=15) as client, concurrent.futures.ThreadPoolExecutor(16) as pool:
+        with httpx.Client(timeout=15, headers=self.platform.router_headers) as client, concurrent.futures.ThreadPoolExecutor(16) as pool:
             while not self.stop.is_set():
                 pool.submit(self._one, client)
                 time.sleep(1 / self.rps)

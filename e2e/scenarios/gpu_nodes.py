@@ -152,7 +152,7 @@ def tolerating_pod_on_the_gpu_node(platform: Platform, kube: Kube) -> None:
         wait_for(f"{pod_name} Ready on {name}", lambda: is_true(kube.get("pod", pod_name), "Ready"), 300, interval=1.0,
                  show=lambda: kube.get("pod", pod_name).get("status"))
         wait_for(f"{MODEL} Ready", lambda: is_true(kube.served_model(MODEL), "Ready"), 120, interval=1.0)
-        check_predictions("sentiment", predict(platform.router_url, MODEL, like="sentiment"))
+        check_predictions("sentiment", predict(platform, MODEL, like="sentiment"))
         message = wait_for("the pool's rolled pod pending on the taint", lambda: pending_on_the_taint(kube), 60)
         assert f"Insufficient {GPU_RESOURCE}" in message, message  # the scheduler names no taint key, only the count
         print(f"GPU node {name}: {pod_name} bound there with {GPU_RESOURCE}: 1, Ready, served through the router")

@@ -3,11 +3,14 @@ from __future__ import annotations
 
 import base64
 import io
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import numpy as np
 from PIL import Image
+
+if TYPE_CHECKING:
+    from scenarios.platform import Platform
 
 IMAGE_LABELS = {"red", "green", "blue", "black", "white"}
 IRIS_FLOWER = [[5.1, 3.5, 1.4, 0.2], [6.7, 3.0, 5.2, 2.3]]
@@ -30,10 +33,11 @@ def payload(model: str) -> Any:
     raise ValueError(f"no sample input for {model!r}")
 
 
-def predict(router_url: str, model: str, timeout: float = 120.0, like: str | None = None) -> httpx.Response:
-    """POST /predict for `model` with the sample input of `like` (default: the model's own)."""
+def predict(platform: Platform, model: str, timeout: float = 120.0, like: str | None = None) -> httpx.Response:
+    """POST /predict for `model` through the platform's router, as its caller, with the sample input of
+    `like` (default: the model's own)."""
     body = {"model_id": model, "input_data": payload(like or model)}
-    return httpx.post(f"{router_url}/predict", json=body, timeout=timeout)
+    return httpx.post(f"{platform.router_url}/predict", json=body, headers=platform.router_headers, timeout=timeout)
 
 
 def check_predictions(model: str, answer: httpx.Response) -> None:

@@ -28,7 +28,7 @@ SHORT_MESSAGE_CHARS = 300
 
 
 def post(platform: Platform, route: str, body: dict[str, Any]) -> httpx.Response:
-    return httpx.post(f"{platform.router_url}{route}", json=body, timeout=120)
+    return httpx.post(f"{platform.router_url}{route}", json=body, headers=platform.router_headers, timeout=120)
 
 
 def first_answer(platform: Platform, route: str, body: dict[str, Any]) -> httpx.Response:
@@ -44,7 +44,7 @@ def stream_events(platform: Platform, body: dict[str, Any]) -> tuple[httpx.Respo
     """A streamed chat answer: its response and the data of every server-sent event, to ``[DONE]``."""
     events: list[str] = []
     with httpx.stream("POST", f"{platform.router_url}{openai_wire.CHAT_COMPLETIONS}", json={**body, "stream": True},
-                      timeout=120) as answer:
+                      headers=platform.router_headers, timeout=120) as answer:
         assert answer.status_code == 200, answer.read()[:500]
         for line in answer.iter_lines():
             if line.startswith("data: "):

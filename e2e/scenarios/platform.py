@@ -28,6 +28,11 @@ class Platform(Protocol):
     @property
     def router_url(self) -> str: ...
 
+    @property
+    def router_headers(self) -> dict[str, str]:
+        """What a caller sends the router with every request: its bearer token (the chart's
+        default checks callers: docs/security.md, "Callers")."""
+
     def worker_url(self, pod: str) -> str:
         """Base URL of a worker pod's own HTTP API (its /status, /metrics)."""
 

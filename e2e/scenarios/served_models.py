@@ -32,13 +32,13 @@ POOL_SELECTOR = "app.kubernetes.io/component=worker,hotset.io/pool=shared"
 
 # -- what the router and the cluster say ----------------------------------------------------------
 def router_models(platform: Platform) -> dict[str, Any]:
-    answer = httpx.get(f"{platform.router_url}/models", timeout=10)
+    answer = httpx.get(f"{platform.router_url}/models", headers=platform.router_headers, timeout=10)
     answer.raise_for_status()
     return answer.json()
 
 
 def router_pods(platform: Platform) -> list[dict[str, Any]]:
-    answer = httpx.get(f"{platform.router_url}/router/pods", timeout=10)
+    answer = httpx.get(f"{platform.router_url}/router/pods", headers=platform.router_headers, timeout=10)
     answer.raise_for_status()
     return answer.json()
 
@@ -70,7 +70,7 @@ def predict_ok(platform: Platform, model: str, settle_s: float = CATALOG_PROPAGA
     """The first request may race the pods learning of a new ServedModel (404): retry those only;
     with `retry_failed_loads`, also the loads that fail while the pods wait for their credentials."""
     def attempt() -> httpx.Response | None:
-        answer = predict(platform.router_url, model)
+        answer = predict(platform, model)
         if answer.status_code == 404 or (retry_failed_loads and answer.status_code >= 500):
             return None
         return answer
@@ -211,7 +211,7 @@ def dedicated_group_of_two(platform: Platform, kube: Kube) -> None:
     wait_for("the router to see both dedicated pods", lambda: all(router_sees_ready(platform, p) for p in pods), 60)
     before = {p: worker_requests(platform, p, model) for p in pods}
     for _ in range(24):
-        check_predictions(model, predict(platform.router_url, model))
+        check_predictions(model, predict(platform, model))
     served = {p: worker_requests(platform, p, model) - before[p] for p in pods}
     assert all(count > 0 for count in served.values()), f"requests per dedicated pod: {served}"
     wait_for(f"{model} Ready with two copies", lambda: len(status_copies(kube, model)) == 2, 60)
@@ -237,7 +237,7 @@ def dedicated_group_scales_to_zero(platform: Platform, kube: Kube) -> None:
 
     wait_for("the dedicated group created with no pod", lambda: replicas() == 0 and not kube.worker_pods(selector), 90)
     started = time.monotonic()
-    answer = predict(platform.router_url, model, timeout=300)
+    answer = predict(platform, model, timeout=300)
     waited = time.monotonic() - started
     check_predictions(model, answer)
     assert len(kube.worker_pods(selector)) == 1, "the request was served by the pod it asked for"
@@ -267,7 +267,7 @@ def hot_model_gets_another_copy(platform: Platform, kube: Kube) -> None:
     failures: list[str] = []
 
     def load() -> None:
-        with httpx.Client(timeout=60) as client:
+        with httpx.Client(timeout=60, headers=platform.router_headers) as client:
             while not stop.is_set():
                 answer = client.post(f"{platform.router_url}/predict",
                                      json={"model_id": model, "input_data": payload(model)})
@@ -298,13 +298,13 @@ def killed_worker_leaves_and_returns(platform: Platform, kube: Kube) -> None:
     results: list[int] = []
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
-        results.append(predict(platform.router_url, model).status_code)
+        results.append(predict(platform, model).status_code)
         if not pod_ready(kube, victim) and not router_sees_ready(platform, victim):
             break
     else:
         raise AssertionError(f"{victim} still Ready or still in the router's map 90 s after its worker was killed")
     for _ in range(5):
-        results.append(predict(platform.router_url, model).status_code)
+        results.append(predict(platform, model).status_code)
     assert all(code == 200 for code in results), f"requests to {model} while {victim} was down: {results}"
     wait_for(f"{victim} Ready again after its worker restarted", lambda: pod_ready(kube, victim), 180)
     assert restart_count(kube, victim, WORKER_CONTAINER) > restarts
@@ -349,7 +349,7 @@ def killed_triton_process(platform: Platform, kube: Kube) -> None:
     while not (time.monotonic() - started > 15 and triton_back(platform, holder)):
         if time.monotonic() - started > 180:
             raise AssertionError(f"{holder}'s worker does not see its Triton back 180 s after tritonserver was killed")
-        codes.append(predict(platform.router_url, bystander).status_code)
+        codes.append(predict(platform, bystander).status_code)
         if not router_sees_ready(platform, holder):
             out_of_map.append(time.monotonic() - started)
         if not pod_ready(kube, holder):
@@ -394,7 +394,7 @@ def missing_source_reported(platform: Platform, kube: Kube) -> None:
         return None
 
     wait_for("ghost's status to name its missing source", explained, 120)
-    answer = predict(platform.router_url, "ghost", like="sentiment")
+    answer = predict(platform, "ghost", like="sentiment")
     assert 400 <= answer.status_code < 600 and "does-not-exist" in answer.text, (answer.status_code, answer.text[:300])
     predict_ok(platform, "colors")
     after = {p["metadata"]["name"]: [c["restartCount"] for c in p["status"]["containerStatuses"]]
@@ -416,7 +416,7 @@ def canary_then_promote(platform: Platform, kube: Kube) -> None:
     stop = threading.Event()
 
     def traffic() -> None:
-        with httpx.Client(timeout=60) as client:
+        with httpx.Client(timeout=60, headers=platform.router_headers) as client:
             while not stop.is_set():
                 answer = client.post(f"{platform.router_url}/predict", json={"model_id": name, "input_data": payload("sentiment")})
                 answers.append((answer.status_code, answer.headers.get("x-hotset-model-version", "")))

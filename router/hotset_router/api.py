@@ -5,7 +5,9 @@ included) are forwarded untouched by ``inference_asgi``; the router reads
 only the model name (from the path, or ``model_id`` for ``/predict``). Load and unload need the admin
 bearer token: 403 when the router has none configured, 401 when the request
 does not carry it. OIP v2 over gRPC, on a port of its own, takes the same request
-path (grpc_gateway.py).
+path (grpc_gateway.py). With callers checked (callers.py), every route that names a
+model checks its caller first, listings (``/router/pods`` included) show what the caller may call; models are addressed
+by namespace under ``/namespaces/<namespace>/`` (namespaced_paths.py).
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ from hotset_router.flood import FloodGuard, Limits
 from hotset_router.grpc_gateway import GrpcGateway
 from hotset_router.grpc_upstream import GrpcWorkerClient
 from hotset_router.inference_asgi import InferenceRoutes, metric_label
+from hotset_router.namespaced_paths import NamespacedPaths
 from hotset_router.openai_asgi import OpenAIRoutes
 from hotset_router.service import RouterService
 from hotset_router.upstream import PASSED_RESPONSE_HEADERS, UpstreamResponse
@@ -68,22 +71,25 @@ def passed_response(upstream: UpstreamResponse) -> Response:
     return Response(content=upstream.content, status_code=upstream.status_code, headers=headers)
 
 
-def models_report(service: RouterService) -> wire.RouterModelsResponse:
-    """``GET /models``: the seed's ``{id: metadata}`` and ``{id: name}`` for the cluster, plus where each model's copies live."""
+async def models_report(service: RouterService, headers: Any) -> wire.RouterModelsResponse:
+    """``GET /models``: the seed's ``{id: metadata}`` and ``{id: name}`` for the cluster (the models
+    this request may see: callers.py), plus where each model's copies live."""
     model_map = service.model_map
+    shown = set(await service.callers.visible(headers, model_map.known_models()))
     copies: dict[str, list[wire.CopyLocation]] = {}
     for pod in model_map.pods():
         for copy in pod.copies.values():
-            copies.setdefault(copy.model, []).append(
-                wire.CopyLocation(pod=pod.name, url=pod.url, state=copy.state.value, bytes=copy.bytes))
-    available = {model: service.sync.catalog.metadata(model) for model in sorted(model_map.known_models())}
+            if copy.model in shown:
+                copies.setdefault(copy.model, []).append(
+                    wire.CopyLocation(pod=pod.name, url=pod.url, state=copy.state.value, bytes=copy.bytes))
+    available = {model: service.sync.catalog.metadata(model) for model in sorted(shown)}
     loaded = {model: available[model].name if model in available else model
               for model, located in sorted(copies.items()) if any(c.state == CopyState.READY.value for c in located)}
     return wire.RouterModelsResponse(available_models=available, loaded_models=loaded, copies=copies)
 
 
 def create_app(service: RouterService, admin_token: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-               limits: Limits | None = None, grpc_address: str | None = None) -> OpenAIRoutes:
+               limits: Limits | None = None, grpc_address: str | None = None) -> NamespacedPaths:
     """The gateway: the inference routes in plain ASGI (openai_asgi.py, inference_asgi.py) in front of a
     FastAPI app for the rest; with `grpc_address` (host:port), OIP v2 over gRPC there too
     (grpc_gateway.py), started and stopped with the app."""
@@ -132,8 +138,8 @@ def create_app(service: RouterService, admin_token: str | None = None, max_body_
 
     @app.get("/v2/models/{name}/ready")
     @app.get("/v2/models/{name}/versions/{version}/ready")
-    async def model_ready(name: str, version: str | None = None) -> Response:
-        if service.model_ready(name, version):
+    async def model_ready(name: str, request: Request, version: str | None = None) -> Response:
+        if await service.model_ready(name, version, request.headers):
             return Response(status_code=200)
         return JSONResponse(error_body(f"model {name!r} has no ready copy yet; it loads on its first request"), status_code=503)
 
@@ -152,24 +158,26 @@ def create_app(service: RouterService, admin_token: str | None = None, max_body_
         return {"name": SERVER_NAME, "version": "0.1.0", "extensions": ["binary_tensor_data", "model_repository"]}
 
     @app.get("/models")
-    async def models() -> wire.RouterModelsResponse:
-        return models_report(service)
+    async def models(request: Request) -> wire.RouterModelsResponse:
+        return await models_report(service, request.headers)
 
     @app.get("/router/pods")
-    async def pods() -> list[dict[str, Any]]:
-        """The map itself, for operators and tests: every pod, its room and its copies."""
+    async def pods(request: Request) -> list[dict[str, Any]]:
+        """The map itself, for operators and tests: every pod, its room, and its copies of the models
+        this request may see (callers.py)."""
+        shown = set(await service.callers.visible(request.headers, service.model_map.known_models()))
         return [
             {
                 "url": p.url, "pod": p.name, "node": p.node, "ready": p.ready, "budget_bytes": p.budget_bytes,
                 "free_bytes": p.free_bytes, "inflight": service.model_map.inflight(p.url),
-                "copies": {m: {"state": c.state.value, "bytes": c.bytes} for m, c in p.copies.items()},
+                "copies": {m: {"state": c.state.value, "bytes": c.bytes} for m, c in p.copies.items() if m in shown},
             }
             for p in service.model_map.pods()
         ]
 
     @app.post("/v2/repository/index")
-    async def repository_index() -> list[dict[str, Any]]:
-        report = models_report(service)
+    async def repository_index(request: Request) -> list[dict[str, Any]]:
+        report = await models_report(service, request.headers)
         rows = []
         for model in report.available_models:
             copies = report.copies.get(model, [])
@@ -208,4 +216,4 @@ def create_app(service: RouterService, admin_token: str | None = None, max_body_
     limits = dataclasses.replace(limits or Limits(), max_body_bytes=max_body_bytes)
     # One guard for every inference route: a flood on one protocol counts against the same bounds.
     guard = FloodGuard(limits, lambda model: bool(router.model_map.ready_copies(model)), router.retry_after_s)
-    return OpenAIRoutes(InferenceRoutes(app, router, metrics, guard), service, guard)
+    return NamespacedPaths(OpenAIRoutes(InferenceRoutes(app, router, metrics, guard), service, guard))

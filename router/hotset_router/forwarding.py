@@ -17,6 +17,8 @@
   (``forward_with``): only the attempt at a pod differs (grpc_upstream.py).
 - Streams (the OpenAI routes) take the same path and return as soon as the
   answer starts; the copy counts the request until the caller closes it.
+- Before anything else, the caller is checked (callers.py): a request its
+  caller may not send loads, places and wakes nothing.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from typing import Any, Awaitable, Callable, Mapping, Protocol, TypeVar
 
 from hotset_common import errors, wire
 from hotset_common.wire import TIMEOUT_HEADER
+from hotset_router.callers import ANONYMOUS, Callers
 from hotset_router.deadlines import Deadlines
 from hotset_router.model_map import ModelMap
 from hotset_router.pod_waiter import PodWaiter
@@ -67,6 +70,7 @@ class Forwarder:
         self.deadlines = deadlines
         self.retry_after_s = retry_after_s
         self.pod_waiter: PodWaiter | None = None  # cluster mode: hold a request while a pod of its model starts
+        self.callers: Callers = ANONYMOUS  # who may send what (the service sets the router's)
 
     @property
     def client(self) -> WorkerClient:
@@ -88,6 +92,7 @@ class Forwarder:
         protocol gets the same targets, canary split, pod wait, retry and in-flight counts. A request
         that names a version (`versioned`) gets that version, never a canary."""
         deadline = self.deadlines.deadline(headers)
+        await self.callers.check(headers, model)
 
         async def attempts() -> Whole:
             chosen, sent = model, headers
@@ -109,6 +114,7 @@ class Forwarder:
         A pod that fails, or answers 5xx, before its answer starts costs one retry elsewhere; once an
         answer streams, it is the answer."""
         deadline = self.deadlines.deadline(headers)
+        await self.callers.check(headers, model)
 
         async def send() -> UpstreamStream:
             chosen, sent = self.targets.with_variant(model, headers)  # the canary split, as for whole answers

@@ -76,7 +76,8 @@ class GrpcGateway:
     async def model_ready(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         try:
             name, version = _model_of(request)
-            return protowire.boolean(1, self.service.model_ready(name, version))
+            return protowire.boolean(1, await self.service.model_ready(
+                name, version, grpc_wire.headers_of(context.invocation_metadata())))
         except errors.HotsetError as exc:
             await _abort(context, exc)
             raise

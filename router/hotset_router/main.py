@@ -17,6 +17,7 @@ import uvicorn
 
 from hotset_common import grpc_wire, labels, quantity, slow_clients
 from hotset_router.api import DEFAULT_MAX_BODY_BYTES, create_app
+from hotset_router.callers import DEFAULT_AUDIENCE, AuthMode, CallerSettings, KubernetesReviews, Reviews
 from hotset_router.flood import Limits
 from hotset_router.discovery import Discovery, KubeDiscovery, StaticDiscovery, read_model_store
 from hotset_router.replication import ReplicationSettings
@@ -79,6 +80,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--model-series-idle-seconds", type=float,
                    default=float(env("HOTSET_ROUTER_MODEL_SERIES_IDLE_SECONDS", "300")),
                    help="a model's metric series go after this long without a request")
+    p.add_argument("--auth", choices=[m.value for m in AuthMode], default=env("HOTSET_ROUTER_AUTH", AuthMode.NONE.value),
+                   help="who may call: 'none' (everyone: the local stack), 'kubernetes' (cluster mode: a bearer "
+                        "token checked by TokenReview, each model by a SubjectAccessReview of create on "
+                        "servedmodels/predict; the chart's default)")
+    p.add_argument("--auth-audiences", default=env("HOTSET_ROUTER_AUTH_AUDIENCES", DEFAULT_AUDIENCE),
+                   help="comma-separated audiences a caller's token must be made for (empty: the API server's own)")
+    p.add_argument("--auth-cache-seconds", type=float, default=float(env("HOTSET_ROUTER_AUTH_CACHE_SECONDS", "30")),
+                   help="how long an identity or a grant is kept before the API server is asked again "
+                        "(a refusal: 5 s at most)")
     p.add_argument("--log-level", default=env("HOTSET_LOG_LEVEL", "info"))
     slow_clients.add_arguments(p)
     return p.parse_args(argv)
@@ -115,6 +125,7 @@ def build_settings(args: argparse.Namespace) -> RouterSettings:
         router_id=args.router_id or f"{socket.gethostname()}-{os.getpid()}",
         max_model_series=args.max_model_series,
         model_series_idle_s=args.model_series_idle_seconds,
+        callers=caller_settings(args),
         replication=ReplicationSettings(
             rps_per_copy=args.replicate_rps_per_copy,
             inflight_per_copy=args.replicate_inflight_per_copy,
@@ -125,10 +136,27 @@ def build_settings(args: argparse.Namespace) -> RouterSettings:
     )
 
 
+def caller_settings(args: argparse.Namespace) -> CallerSettings:
+    mode = AuthMode(args.auth)
+    if mode == AuthMode.KUBERNETES and not args.cluster:
+        raise SystemExit("hotset-router: --auth kubernetes needs --cluster (callers are checked by the Kubernetes API)")
+    audiences = tuple(a.strip() for a in args.auth_audiences.split(",") if a.strip())
+    return CallerSettings(mode=mode, audiences=audiences, cache_s=args.auth_cache_seconds,
+                          refused_cache_s=min(5.0, args.auth_cache_seconds))
+
+
+def build_reviews(settings: CallerSettings) -> Reviews | None:
+    """The API server's TokenReview and SubjectAccessReview, with the client build_discovery configured."""
+    if settings.mode != AuthMode.KUBERNETES:
+        return None
+    return KubernetesReviews(None, settings.audiences, settings.review_timeout_s)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    service = RouterService(build_discovery(args), build_settings(args))
+    settings = build_settings(args)
+    service = RouterService(build_discovery(args), settings, build_reviews(settings.callers))
     limits = Limits(max_requests=args.max_requests,
                     max_body_bytes_in_flight=quantity.parse_bytes(args.max_body_bytes_in_flight),
                     max_cold_waiters=args.max_cold_waiters)

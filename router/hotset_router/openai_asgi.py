@@ -65,15 +65,27 @@ class OpenAIRoutes:
                 await self.serve(scope, receive, send)
                 return
             if scope["method"] == "GET" and path == openai_wire.MODELS:
-                await respond_json(send, 200, self.models())
+                await self.list_models(scope, send)
                 return
         await self.app(scope, receive, send)
 
-    def models(self) -> dict[str, Any]:
-        """Every generative or embedding model some worker can serve (adapters name their base)."""
-        catalog = self.service.sync.catalog
+    async def list_models(self, scope: Scope, send: Send) -> None:
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        try:
+            payload = await self.models(headers)
+        except errors.HotsetError as exc:
+            code, error = openai_wire.body_of_error(exc)
+            await respond_json(send, code, error, exc.headers)
+            return
+        await respond_json(send, 200, payload)
+
+    async def models(self, headers: Mapping[str, str]) -> dict[str, Any]:
+        """Every generative or embedding model some worker can serve and this request may see
+        (callers.py); adapters name their base."""
+        entries = [entry for entry in self.service.sync.catalog.entries() if entry.type in OPENAI_TASKS]
+        shown = set(await self.service.callers.visible(headers, [entry.id for entry in entries]))
         cards = [openai_wire.model_card(entry.id, parent=entry.base_model or None)
-                 for entry in catalog.entries() if entry.type in OPENAI_TASKS]
+                 for entry in entries if entry.id in shown]
         return {"object": "list", "data": sorted(cards, key=lambda card: card["id"])}
 
     async def serve(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -9,10 +9,12 @@ import asyncio
 import dataclasses
 import random
 import secrets
+from typing import Mapping
 
 from hotset_common import errors, labels
 from hotset_common.spec import Placement
 from hotset_router import placement
+from hotset_router.callers import CallerSettings, Callers, Reviews
 from hotset_router.discovery import Discovery
 from hotset_router.model_map import ModelMap
 from hotset_router.pod_waiter import PodWaiter
@@ -40,12 +42,15 @@ class RouterSettings:
     status_page: int = DEFAULT_PAGE  # entries per status answer
     max_model_series: int = DEFAULT_MAX_MODEL_SERIES  # models with per-model metric series at once
     model_series_idle_s: float = DEFAULT_SERIES_IDLE_S  # a model's series go after this long without a request
+    callers: CallerSettings = CallerSettings()  # who may call (callers.py); default: everyone
 
 
 class RouterService:
     """The map, the worker client, the sync and control loops, and the router itself."""
 
-    def __init__(self, discovery: Discovery, settings: RouterSettings = RouterSettings()) -> None:
+    def __init__(self, discovery: Discovery, settings: RouterSettings = RouterSettings(),
+                 reviews: Reviews | None = None) -> None:
+        """`reviews`: who answers caller checks (the API server), needed when `settings.callers` checks them."""
         self.discovery = discovery
         self.settings = settings
         self.router_id = settings.router_id or f"router-{secrets.token_hex(4)}"
@@ -72,6 +77,9 @@ class RouterService:
             owns=self.replicas.owns,
             changed_specs=getattr(discovery, "take_changed_specs", set),  # a discovery without it: specs fixed
         )
+        self.callers = Callers(reviews, getattr(discovery, "namespace_of", lambda model: None), settings.callers,
+                               on_review=self.metrics.reviewed)
+        self.router.forwarding.callers = self.callers
         # Every mode waits while pods start; cluster mode can also ask the operator for one.
         marker = discovery if hasattr(discovery, "mark_wanted") else None
         self.router.pod_waiter = PodWaiter(self.model_map, self.sync, discovery, marker,  # type: ignore[arg-type]
@@ -91,9 +99,11 @@ class RouterService:
         wanted = labels.dedicated_pool(model) if dedicated else labels.SHARED_POOL
         return pool == wanted
 
-    def model_ready(self, name: str, version: str | None) -> bool:
+    async def model_ready(self, name: str, version: str | None, headers: Mapping[str, str]) -> bool:
         """OIP's model readiness (HTTP and gRPC alike): whether `name` has a ready copy; 404 for a
-        model no worker serves, or a version it does not have (as a worker answers). Never loads."""
+        model no worker serves, or a version it does not have (as a worker answers), and the caller
+        checks of an inference (callers.py). Never loads."""
+        await self.callers.check(headers, name)
         self.router.check_known(name)
         known = self.sync.catalog.metadata(name).version
         if version not in (None, "", known) and known:

@@ -108,6 +108,10 @@ class RouterMetrics:
         self.versions = Counter(names.ROUTER_VERSION_REQUESTS_TOTAL.removesuffix("_total"),
                                 "Answered requests by the version that computed them (canaries)", ["model", "version"],
                                 registry=self.registry)
+        self.caller_reviews = Counter(names.ROUTER_CALLER_REVIEWS_TOTAL.removesuffix("_total"),
+                                      "TokenReviews (question=who) and SubjectAccessReviews (question=may) the router "
+                                      "asked, by answer (yes, no, error); cached answers ask nothing",
+                                      ["question", "answer"], registry=self.registry)
         self.model_series = Gauge(names.ROUTER_MODEL_SERIES, "Models with per-model series of their own now",
                                   registry=self.registry)
         self.loop_lag = Histogram(names.ROUTER_EVENT_LOOP_LAG_SECONDS,
@@ -141,6 +145,9 @@ class RouterMetrics:
         self.series.child(self.pod_waits, label, result).inc()
         if seconds is not None:
             self.series.child(self.pod_wait, label).observe(seconds)
+
+    def reviewed(self, question: str, answer: str) -> None:
+        self.caller_reviews.labels(question, answer).inc()
 
     def before_scrape(self, pods: int) -> None:
         self.series.expire()

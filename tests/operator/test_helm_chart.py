@@ -111,6 +111,11 @@ def test_router_and_worker_accounts_are_read_only_or_nothing(installed: Cluster)
     assert not _can(installed, "hotset-router", "update", "servedmodels.hotset.io", "--subresource=approval")
     assert not _can(installed, "hotset-router", "patch", "pods")
     assert not _can(installed, "hotset-router", "get", "secrets")
+    # callers are checked by the cluster (the chart's default): it asks, and reads nothing more
+    assert _can(installed, "hotset-router", "create", "tokenreviews.authentication.k8s.io")
+    assert _can(installed, "hotset-router", "create", "subjectaccessreviews.authorization.k8s.io")
+    assert not _can(installed, "hotset-router", "create", "servedmodels.hotset.io", "--subresource=predict")
+    assert not _can(installed, "hotset-router", "create", "serviceaccounts", "--subresource=token")
     assert not _can(installed, "hotset-worker", "list", "pods")
 
 
@@ -174,6 +179,8 @@ def test_router_values_land_in_the_router_env_and_the_router_reads_them(kube_clu
     args = router_main.parse_args([])
     assert (args.churn_guard_seconds, args.replicate_rps_per_copy, args.idle_copy_seconds) == (0, 2.5, 3600)
     assert (args.sync_interval, args.max_body_bytes, args.log_level, args.cluster) == (0.5, "8Mi", "debug", True)
+    # the chart's default: callers checked by the cluster, tokens made for hotset
+    assert (args.auth, args.auth_audiences, args.auth_cache_seconds) == ("kubernetes", "hotset", 30)
     token = next(e for e in env if e["name"] == "HOTSET_ADMIN_TOKEN")
     assert token["valueFrom"] == {"secretKeyRef": {"name": "admin", "key": "secret-token"}}
 

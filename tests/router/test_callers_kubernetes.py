@@ -1,0 +1,172 @@
+"""Callers checked by the cluster (``hotset-router --cluster --auth kubernetes``), on a real kube-apiserver.
+
+Two tenants' namespaces, one ServedModel each, served by one real worker
+process on a loopback "pod IP" (the test plays the kubelet, as in
+test_cluster_discovery.py). Callers are real ServiceAccounts with tokens from
+the TokenRequest API; the router asks the real API server TokenReview and
+SubjectAccessReview, with RBAC deciding.
+"""
+from __future__ import annotations
+
+import httpx
+import numpy as np
+import pytest
+
+from gateway_helpers import BALLAST_LAUNCHER, local_stack, loads, wait_for, worker_metric, write_ballast_store
+from hotset_testing.grpc_clients import fp32_input, grpc_client, refusal
+from hotset_testing.processes import free_port
+from test_cluster_discovery import free_port_on, make_pod, set_ready
+
+pytestmark = [pytest.mark.kube, pytest.mark.slow]
+SELECTOR = "app.kubernetes.io/component=worker"
+TENANTS = {"alpha": "tenant-a", "beta": "tenant-b"}  # model -> its namespace
+GROUP, VERSION = "hotset.io", "v1alpha1"
+CALLER_ROLE = "hotset-test-model-caller"
+
+
+@pytest.fixture(scope="module")
+def api(kube_cluster):
+    from kubernetes import config
+
+    kube_cluster.kubectl("apply", "-f", str(local_stack.ROOT / "crds/servedmodel.yaml"))
+    wait_for(lambda: kube_cluster.kubectl("get", "servedmodels", check=False).returncode == 0, "the CRD", 30)
+    api_client = config.new_client_from_config(str(kube_cluster.kubeconfig))
+    yield api_client
+    api_client.close()
+
+
+def bind(rbac, namespace: str, service_account: str, subject_namespace: str, name: str) -> None:
+    rbac.create_namespaced_role_binding(namespace, {
+        "metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": CALLER_ROLE},
+        "subjects": [{"kind": "ServiceAccount", "name": service_account, "namespace": subject_namespace}]})
+
+
+@pytest.fixture(scope="module")
+def tenants(api):
+    """The namespaces, their ServedModels, the caller ClusterRole (as the chart ships it) and a
+    ServiceAccount in tenant-a bound to it there."""
+    from kubernetes import client
+
+    core, custom, rbac = client.CoreV1Api(api), client.CustomObjectsApi(api), client.RbacAuthorizationV1Api(api)
+    for namespace in TENANTS.values():
+        core.create_namespace({"metadata": {"name": namespace}})
+    rbac.create_cluster_role({"metadata": {"name": CALLER_ROLE}, "rules": [
+        {"apiGroups": [GROUP], "resources": ["servedmodels/predict"], "verbs": ["create"]}]})
+    for model, namespace in TENANTS.items():
+        custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "servedmodels", {
+            "apiVersion": f"{GROUP}/{VERSION}", "kind": "ServedModel", "metadata": {"name": model},
+            "spec": {"framework": "torchvision", "task": "tensor", "source": {"uri": f"pvc://models/{model}"},
+                     "memory": "2Mi"}})
+    core.create_namespaced_service_account("tenant-a", {"metadata": {"name": "app"}})
+    bind(rbac, "tenant-a", "app", "tenant-a", "app-calls-tenant-a")
+    try:
+        yield core, rbac
+    finally:
+        rbac.delete_cluster_role(CALLER_ROLE)
+        for namespace in TENANTS.values():
+            core.delete_namespace(namespace)
+
+
+def token(core, namespace: str, service_account: str, audiences: list[str]) -> str:
+    from kubernetes import client
+
+    request = client.AuthenticationV1TokenRequest(spec=client.V1TokenRequestSpec(audiences=audiences,
+                                                                                 expiration_seconds=3600))
+    return core.create_namespaced_service_account_token(service_account, namespace, request).status.token
+
+
+@pytest.fixture
+def authenticated_router(api, tenants, procs, kube_cluster, tmp_path):
+    """One worker that can serve both models (a pod in default), and the router checking callers."""
+    core, _ = tenants
+    store = write_ballast_store(tmp_path, {"alpha": {"mib": 2}, "beta": {"mib": 2}})
+    ip = "127.0.0.51"
+    port = free_port_on(ip)
+    worker = local_stack.start_worker("worker-auth", store, procs.log_dir, "50Mi", port=port, host=ip,
+                                      extra_args=["--min-residency-s", "0", "--grpc-port", "0"], launcher=BALLAST_LAUNCHER)
+    procs.started.append(worker)
+    local_stack.wait_http(worker, "/v2/health/ready", 90)
+    make_pod(core, "pod-worker-auth", None)
+    set_ready(core, "pod-worker-auth", ip, True)
+    grpc_port = free_port()
+    try:
+        router = procs.router([], args=[
+            "--grpc-port", str(grpc_port),
+            "--cluster", "--kubeconfig", str(kube_cluster.kubeconfig), "--namespace", "default",
+            "--watch-namespaces", "default,tenant-a,tenant-b", "--worker-selector", SELECTOR,
+            "--worker-port", str(port), "--auth", "kubernetes", "--auth-audiences", "hotset"], urls=["unused"])
+        wait_for(lambda: httpx.get(f"{router.url}/v2/health/ready", timeout=5).status_code == 200, "a ready pod", 60)
+        yield router, worker, f"127.0.0.1:{grpc_port}"
+    finally:
+        core.delete_namespaced_pod("pod-worker-auth", "default", grace_period_seconds=0)
+
+
+def predict(url: str, model: str, token: str | None = None, prefix: str = "") -> httpx.Response:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return httpx.post(f"{url}{prefix}/predict", json={"model_id": model, "input_data": [2]}, headers=headers,
+                      timeout=60)
+
+
+def reviews(router_url: str) -> float:
+    return worker_metric(router_url, "hotset_router_caller_reviews_total")
+
+
+def test_only_callers_the_cluster_allows_reach_a_model_and_nothing_loads_for_the_others(authenticated_router, tenants):
+    router, worker, grpc_address = authenticated_router
+    core, rbac = tenants
+    app_token = token(core, "tenant-a", "app", ["hotset"])
+
+    # no token, or a token made for the API server (a pod's default): 401 naming what to send
+    for sent in (None, token(core, "tenant-a", "app", ["https://kubernetes.default.svc.cluster.local"]), "garbage"):
+        answer = predict(router.url, "alpha", sent)
+        assert answer.status_code == 401, answer.text
+        assert answer.headers["www-authenticate"] == "Bearer"
+        assert ("Authorization: Bearer" in answer.json()["detail"]) == (sent is None), answer.text
+    assert httpx.get(f"{router.url}/models", timeout=10).status_code == 401
+    assert httpx.get(f"{router.url}/v1/models", timeout=10).status_code == 401
+    assert httpx.get(f"{router.url}/router/pods", timeout=10).status_code == 401
+    assert httpx.get(f"{router.url}/v2/models/alpha/ready", timeout=10).status_code == 401
+
+    # tenant-a's app calls tenant-a's model, bare or by namespace
+    answer = predict(router.url, "alpha", app_token)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["predictions"]["scaled"] == [4.0]
+    assert predict(router.url, "alpha", app_token, prefix="/namespaces/tenant-a").status_code == 200
+
+    # ...and not tenant-b's: 403 naming the permission; the model is neither loaded nor listed
+    answer = predict(router.url, "beta", app_token)
+    assert answer.status_code == 403, answer.text
+    assert "create" in answer.json()["detail"] and "servedmodels/predict" in answer.json()["detail"]
+    headers = {"Authorization": f"Bearer {app_token}"}
+    assert httpx.get(f"{router.url}/v2/models/beta", headers=headers, timeout=10).status_code == 403
+    assert httpx.get(f"{router.url}/v2/models/beta/ready", headers=headers, timeout=10).status_code == 403
+    listed = httpx.get(f"{router.url}/models", headers=headers, timeout=10).json()
+    assert set(listed["available_models"]) == {"alpha"} and set(listed["copies"]) == {"alpha"}
+    (pod,) = httpx.get(f"{router.url}/router/pods", headers=headers, timeout=10).json()
+    assert set(pod["copies"]) == {"alpha"}
+    # tenant-a's model is not found in tenant-b's namespace
+    answer = predict(router.url, "alpha", app_token, prefix="/namespaces/tenant-b")
+    assert answer.status_code == 404, answer.text
+    assert loads(worker.url, "beta") == 0 and loads(worker.url, "alpha") == 1
+
+    # gRPC takes the same checks, the token in the call's metadata
+    with grpc_client(grpc_address) as client:
+        tensor = [fp32_input(np.array([1.0, 2.0], dtype=np.float32))]
+        assert "UNAUTHENTICATED" in str(refusal(lambda: client.infer("alpha", tensor)).status())
+        metadata = {"authorization": f"Bearer {app_token}"}
+        assert "PERMISSION_DENIED" in str(refusal(lambda: client.infer("beta", tensor, headers=metadata)).status())
+        assert "PERMISSION_DENIED" in str(refusal(lambda: client.is_model_ready("beta", headers=metadata)).status())
+        assert client.infer("alpha", tensor, headers=metadata).as_numpy("OUTPUT0").tolist() == [2.0, 4.0]
+    assert loads(worker.url, "beta") == 0
+
+    # the hot path asks the API server nothing while its answers are cached
+    asked = reviews(router.url)
+    for _ in range(20):
+        assert predict(router.url, "alpha", app_token).status_code == 200
+    assert reviews(router.url) == asked
+
+    # a grant made now works within the refusal's short cache
+    bind(rbac, "tenant-b", "app", "tenant-a", "app-calls-tenant-b")
+    wait_for(lambda: predict(router.url, "beta", app_token).status_code == 200, "the new grant to take", 20)
+    assert loads(worker.url, "beta") == 1

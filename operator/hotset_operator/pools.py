@@ -118,6 +118,9 @@ class Pools:
                 owners[entry.namespace].append(_model_owner(entry))
         for namespace in sorted(owners):
             await self.converge_credentials(namespace, owners[namespace])
+            token = workloads.build_worker_token_secret(self.config, namespace, owners[namespace])
+            if token is not None:
+                await self._apply_if_changed(("worker-token", namespace), token, self.kube.apply_secret)
 
     # --- source credentials -------------------------------------------------------------------
 

@@ -26,6 +26,7 @@ All of it is decided here, in the pod template.
 """
 from __future__ import annotations
 
+import base64
 import dataclasses
 import hashlib
 import json
@@ -516,6 +517,23 @@ def build_network_policy(config: OperatorConfig, name: str, namespace: str, dedi
         "spec": {"podSelector": {"matchLabels": worker_labels(dedicated_to)}, "policyTypes": kinds_of_rule,
                  **{kind.lower(): rules[kind.lower()] for kind in kinds_of_rule}},
     }
+
+
+def build_worker_token_secret(config: OperatorConfig, namespace: str,
+                              owners: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """The workers' API token in a namespace outside the release's where the operator runs worker
+    pods (a namespace's own pool, dedicated groups in their models' namespaces): their containers
+    read it from a Secret of their own namespace (``build_worker_container``), which the chart makes
+    in the release namespace only. It goes with the same owners as the pods. None: no token, or
+    the release namespace (the chart's own Secret)."""
+    if not config.worker_token or not config.worker_token_secret or namespace == config.namespace:
+        return None
+    metadata: dict[str, Any] = {"name": config.worker_token_secret, "namespace": namespace,
+                                "labels": {labels.PART_OF: labels.PROJECT, labels.MANAGED_BY: MANAGER}}
+    if owners:
+        metadata["ownerReferences"] = list(owners)
+    token = base64.b64encode(config.worker_token.encode()).decode()
+    return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque", "metadata": metadata, "data": {TOKEN_KEY: token}}
 
 
 def spec_hash(spec: ModelSpec) -> str:

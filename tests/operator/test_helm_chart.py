@@ -248,3 +248,19 @@ def test_grpc_ports_are_on_by_default_and_named_for_clients_and_meshes(kube_clus
     assert "HOTSET_ROUTER_GRPC_PORT" not in {e["name"] for e in router["env"]}
     operator_env = {e["name"]: e["value"] for e in operator["env"] if "value" in e}
     assert OperatorConfig.from_env(operator_env, namespace="ml").worker_grpc_port == 0
+
+
+def test_operator_may_refresh_its_token_copies_but_not_the_charts_own(kube_cluster: KubeCluster) -> None:
+    """Worker pods outside the release namespace read the workers' token from a copy the operator
+    writes there (test_namespaces_and_quotas.py); the chart's own Secret stays out of its reach,
+    except where RBAC cannot leave one namespace out (watchNamespaces ["*"])."""
+    def copy_rules(*values: str) -> dict[str, bool]:
+        roles = [d for d in chart.render(kube_cluster, *values, namespace="hotset")
+                 if d["kind"] in ("Role", "ClusterRole") and d["metadata"]["name"].startswith("hotset-operator")]
+        return {d["metadata"].get("namespace", "*"): any(r.get("resourceNames") == ["hotset-worker-token"]
+                                                         and r["verbs"] == ["patch"] for r in d["rules"])
+                for d in roles if any("secrets" in r.get("resources", []) for r in d["rules"])}
+
+    assert copy_rules() == {"hotset": False}
+    assert copy_rules("--set", "watchNamespaces={team-a,team-b}") == {"hotset": False, "team-a": True, "team-b": True}
+    assert copy_rules("--set", "watchNamespaces={*}") == {"*": True}

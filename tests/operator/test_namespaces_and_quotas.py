@@ -1,6 +1,7 @@
 """Several namespaces, their pools and their quotas, against the real API server and operator."""
 from __future__ import annotations
 
+import base64
 import uuid
 from typing import Iterator
 
@@ -72,10 +73,17 @@ def test_one_shared_pool_serves_every_watched_namespace_and_names_stay_unique(cl
         assert (team_a.condition("sentiment", "Accepted") or {}).get("status") == "True"
 
 
+def worker_token_in(team: Cluster, name: str) -> str | None:
+    secret = team.get("secret", name)
+    return base64.b64decode(secret["data"]["token"]).decode() if secret else None
+
+
 def test_each_namespace_can_have_a_pool_of_its_own(cluster: Cluster, teams) -> None:
+    """...whose pods can start: the workers' token they read is copied into the namespace (the chart
+    makes it in its own namespace only), and goes with the pool."""
     team_a, team_b = teams
     config = operator_config(cluster.namespace, watch_namespaces=(team_a.namespace, team_b.namespace),
-                             pool_mode="namespace")
+                             pool_mode="namespace", worker_token="pool-token", worker_token_secret="hotset-worker-token")
     with running_operator(config):
         team_a.apply(served_model("a-model", memory="1Gi", replicas={"min": 2, "max": 2}))
         team_b.apply(served_model("b-model", memory="1Gi", replicas={"min": 1, "max": 1}))
@@ -86,8 +94,16 @@ def test_each_namespace_can_have_a_pool_of_its_own(cluster: Cluster, teams) -> N
         wait_for(lambda: ((team_b.get("deployment", config.pool_name) or {}).get("spec") or {}).get("replicas") == 1,
                  "team-b's pool")
         assert cluster.get("deployment", config.pool_name) is None  # the operator's namespace has no models
+        for team in (team_a, team_b):
+            wait_for(lambda: worker_token_in(team, "hotset-worker-token") == "pool-token",
+                     f"the workers' token in {team.namespace}")
+            container = team.get("deployment", config.pool_name)["spec"]["template"]["spec"]["containers"][0]
+            assert {"name": "HOTSET_API_TOKEN", "valueFrom": {"secretKeyRef": {
+                "name": "hotset-worker-token", "key": "token"}}} in container["env"]
+        assert cluster.get("secret", "hotset-worker-token") is None  # the chart's own, not the operator's
 
         # The pool goes with the namespace's last shared model (its WorkerPool's owners).
         team_b.kubectl("delete", "servedmodel", "b-model", "--timeout=30s")
         wait_for(lambda: team_b.get("workerpool", config.pool_name) is None
                  and team_b.get("deployment", config.pool_name) is None, "team-b's pool gone with its model", 60)
+        wait_for(lambda: team_b.get("secret", "hotset-worker-token") is None, "team-b's token copy gone with it", 60)

@@ -83,6 +83,15 @@ hotset-worker-gpu
 {{- toJson $list -}}
 {{- end -}}
 
+{{/* The operator's copy of the workers' token, outside the release namespace (where the chart's own
+     Secret is not the operator's to change): worker pods there read it (docs/security.md, "Tokens"). */}}
+{{- define "hotset.operatorTokenCopyRule" -}}
+- apiGroups: [""]
+  resources: [secrets]
+  resourceNames: [{{ include "hotset.workerTokenSecret" . | quote }}]
+  verbs: [patch]
+{{- end -}}
+
 {{/* The operator's rules, the same in a Role per namespace or in the ClusterRole. */}}
 {{- define "hotset.operatorRules" -}}
 # Watch ServedModels; patch finalizers and kopf's bookkeeping annotations.

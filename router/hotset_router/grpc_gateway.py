@@ -24,17 +24,17 @@ which do, are HTTP only); the router adds the worker token on its way to a pod.
 """
 from __future__ import annotations
 
-import asyncio
-import time
+import functools
 from typing import Awaitable, Callable
 
 import grpc
 
 from hotset_common import errors, grpc_wire, wire
 from hotset_router import protowire
-from hotset_router.flood import FloodGuard, Ticket
+from hotset_router.flood import FloodGuard
 from hotset_router.grpc_upstream import GrpcAnswer, GrpcWorkerClient
 from hotset_router.inference_asgi import metric_label
+from hotset_router.request_record import RequestRecord
 from hotset_router.service import RouterService
 
 SERVER_NAME = "hotset-router"
@@ -51,6 +51,7 @@ class GrpcGateway:
         self.router = service.router
         self.guard = guard
         self.client = client
+        self.label = functools.partial(metric_label, self.router)
 
     def handler(self) -> grpc.GenericRpcHandler:
         """The service's methods with identity (de)serializers: messages stay bytes."""
@@ -92,46 +93,35 @@ class GrpcGateway:
 
     async def _forward(self, method: str, request: bytes, context: grpc.aio.ServicerContext, load: bool) -> bytes:
         """One call through the router's request path; the worker's answer or error as it came."""
-        started = time.perf_counter()
-        code = 500
-        model: str | None = None
-        ticket: Ticket | None = None
-        try:
-            headers = grpc_wire.headers_of(context.invocation_metadata())
-            timeout = grpc_wire.timeout_of(context.time_remaining(), headers)
-            if timeout is not None:
-                headers[wire.TIMEOUT_HEADER] = f"{timeout:.3f}"
-            if load:
-                ticket = self.guard.admit_whole(len(request))
-            model, version = _model_of(request)
-            if ticket is not None:
-                self.guard.wait_cold(ticket, model)
+        with RequestRecord(self.guard, self.service.metrics, self.label) as record:
+            try:
+                headers = grpc_wire.headers_of(context.invocation_metadata())
+                timeout = grpc_wire.timeout_of(context.time_remaining(), headers)
+                if timeout is not None:
+                    headers[wire.TIMEOUT_HEADER] = f"{timeout:.3f}"
+                ticket = record.ticket = self.guard.admit_whole(len(request)) if load else None
+                model, version = _model_of(request)
+                record.model = model
+                if ticket is not None:
+                    self.guard.wait_cold(ticket, model)
 
-            async def send(url: str, sent: dict[str, str], timeout_s: float) -> GrpcAnswer:
-                return await self.client.call(url, method, request, sent, timeout_s)
+                async def send(url: str, sent: dict[str, str], timeout_s: float) -> GrpcAnswer:
+                    return await self.client.call(url, method, request, sent, timeout_s)
 
-            answer = await self.router.forwarding.forward_with(model, headers, send, load, versioned=bool(version))
-            if ticket is not None:
-                self.guard.done_waiting(ticket)
-            code = answer.status_code
-            if answer.status_code != 200:
-                await context.abort(answer.code, answer.details, trailing_metadata=_kept(answer))
-            if served_by := answer.headers.get(wire.VERSION_HEADER):
-                self.service.metrics.answered_by(metric_label(self.router, model), served_by)
-            context.set_trailing_metadata(_kept(answer))
-            return answer.content
-        except errors.HotsetError as exc:
-            code = exc.status_code
-            await _abort(context, exc)
-            raise
-        except asyncio.CancelledError:  # its client left, or its deadline passed: counted as over HTTP
-            code = errors.ClientClosedRequest.status_code
-            raise
-        finally:
-            if ticket is not None:
-                self.guard.release(ticket)
-            if model is not None:
-                self.service.metrics.request(metric_label(self.router, model), code, time.perf_counter() - started)
+                answer = await self.router.forwarding.forward_with(model, headers, send, load, versioned=bool(version))
+                if ticket is not None:
+                    self.guard.done_waiting(ticket)
+                record.code = answer.status_code
+                if answer.status_code != 200:
+                    await context.abort(answer.code, answer.details, trailing_metadata=_kept(answer))
+                if served_by := answer.headers.get(wire.VERSION_HEADER):
+                    self.service.metrics.answered_by(self.label(model), served_by)
+                context.set_trailing_metadata(_kept(answer))
+                return answer.content
+            except errors.HotsetError as exc:
+                record.code = exc.status_code
+                await _abort(context, exc)
+                raise
 
 
 def _model_of(request: bytes) -> tuple[str, str]:

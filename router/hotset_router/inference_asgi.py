@@ -17,10 +17,9 @@ client's raw (still percent-encoded) path.
 """
 from __future__ import annotations
 
-import asyncio
+import functools
 import json
 import re
-import time
 from typing import Annotated, Any, Awaitable, Callable, Mapping
 
 import msgspec
@@ -28,7 +27,8 @@ import msgspec
 from hotset_common import errors, http, wire
 from hotset_common.wire import VERSION_HEADER
 from hotset_router import telemetry
-from hotset_router.flood import FloodGuard, Ticket
+from hotset_router.flood import FloodGuard
+from hotset_router.request_record import RequestRecord
 from hotset_router.routing import Router
 from hotset_router.telemetry import RouterMetrics
 from hotset_router.upstream import PASSED_RESPONSE_HEADERS, UpstreamResponse
@@ -84,6 +84,7 @@ class InferenceRoutes:
         self.router = router
         self.metrics = metrics
         self.guard = guard
+        self.label = functools.partial(metric_label, router)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
@@ -98,36 +99,28 @@ class InferenceRoutes:
         await self.app(scope, receive, send)
 
     async def serve(self, scope: Scope, receive: Receive, send: Send, model: str | None) -> None:
-        started = time.perf_counter()
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        code = 500
-        ticket: Ticket | None = None
-        try:
-            ticket = self.guard.admit(headers)
-            body = await self.guard.read_body(ticket, receive, headers)
-            if model is None:
-                limit = self.guard.limits.max_body_bytes
-                model = model_of_predict(http.decompress(body, headers.get("content-encoding"), limit))
-            else:
-                wire.requested_model(model)
-            self.guard.wait_cold(ticket, model)
-            path = scope.get("raw_path", b"").decode("latin-1") or scope["path"]
-            upstream: UpstreamResponse = await self.router.forward(model, "POST", path, body, headers)
-            self.guard.done_waiting(ticket)
-            code = upstream.status_code
-            passed = {k: v for k, v in upstream.headers.items() if k.lower() in PASSED_RESPONSE_HEADERS}
-            if version := passed.get(VERSION_HEADER) or upstream.headers.get(VERSION_HEADER):
-                self.metrics.answered_by(metric_label(self.router, model), version)
-            await respond(send, code, upstream.content, passed)
-        except errors.HotsetError as exc:
-            code = exc.status_code
-            payload = json.dumps(http.error_body(exc.message)).encode()
-            await respond(send, code, payload, {"content-type": "application/json", **exc.headers})
-        except asyncio.CancelledError:  # its client left (slow_clients.py): the slot goes back now
-            code = errors.ClientClosedRequest.status_code
-            raise
-        finally:
-            if ticket is not None:
-                self.guard.release(ticket)
-            if model is not None:
-                self.metrics.request(metric_label(self.router, model), code, time.perf_counter() - started)
+        with RequestRecord(self.guard, self.metrics, self.label) as record:
+            record.model = model
+            try:
+                record.ticket = ticket = self.guard.admit(headers)
+                body = await self.guard.read_body(ticket, receive, headers)
+                if model is None:
+                    limit = self.guard.limits.max_body_bytes
+                    model = record.model = model_of_predict(http.decompress(body, headers.get("content-encoding"),
+                                                                            limit))
+                else:
+                    wire.requested_model(model)
+                self.guard.wait_cold(ticket, model)
+                path = scope.get("raw_path", b"").decode("latin-1") or scope["path"]
+                upstream: UpstreamResponse = await self.router.forward(model, "POST", path, body, headers)
+                self.guard.done_waiting(ticket)
+                record.code = upstream.status_code
+                passed = {k: v for k, v in upstream.headers.items() if k.lower() in PASSED_RESPONSE_HEADERS}
+                if version := passed.get(VERSION_HEADER) or upstream.headers.get(VERSION_HEADER):
+                    self.metrics.answered_by(self.label(model), version)
+                await respond(send, record.code, upstream.content, passed)
+            except errors.HotsetError as exc:
+                record.code = exc.status_code
+                payload = json.dumps(http.error_body(exc.message)).encode()
+                await respond(send, record.code, payload, {"content-type": "application/json", **exc.headers})

@@ -14,14 +14,15 @@ Everything else goes to the next app (inference_asgi, then FastAPI).
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
-import time
 from typing import Any, Awaitable, Mapping
 
 from hotset_common import errors, openai_wire
 from hotset_common.spec import Task
-from hotset_router.flood import FloodGuard, Ticket
+from hotset_router.flood import FloodGuard
 from hotset_router.inference_asgi import ASGIApp, Receive, Scope, Send, metric_label
+from hotset_router.request_record import RequestRecord
 from hotset_router.service import RouterService
 from hotset_router.upstream import PASSED_RESPONSE_HEADERS, UpstreamStream
 
@@ -57,6 +58,7 @@ class OpenAIRoutes:
         self.router = service.router
         self.metrics = service.metrics
         self.guard = guard
+        self.label = functools.partial(metric_label, self.router)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -89,42 +91,33 @@ class OpenAIRoutes:
         return {"object": "list", "data": sorted(cards, key=lambda card: card["id"])}
 
     async def serve(self, scope: Scope, receive: Receive, send: Send) -> None:
-        started = time.perf_counter()
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        model: str | None = None
-        code = 500
-        ticket: Ticket | None = None
         gone: asyncio.Future | None = None
-        try:
+        with RequestRecord(self.guard, self.metrics, self.label) as record:  # a stream counts until it ends
             try:
-                ticket = self.guard.admit(headers)
-                body = await self.guard.read_body(ticket, receive, headers)
-                request = openai_wire.peek(body)
-                model = request.model
-                self.guard.wait_cold(ticket, model)
-                base = self.service.sync.catalog.base_of(model)
-                gone = asyncio.ensure_future(wait_for_disconnect(receive))
-                answer = await self._open(gone, self.router.open_stream(model, "POST", scope["path"], body, headers,
-                                                                         prefix=request.prefix, base=base))
-                self.guard.done_waiting(ticket)
-            except errors.HotsetError as exc:
-                code, payload = openai_wire.body_of_error(exc)
-                await respond_json(send, code, payload, exc.headers)
-                return
-            code = answer.status_code
-            try:
-                await self._pass_on(answer, gone, send)
+                try:
+                    record.ticket = ticket = self.guard.admit(headers)
+                    body = await self.guard.read_body(ticket, receive, headers)
+                    request = openai_wire.peek(body)
+                    model = record.model = request.model
+                    self.guard.wait_cold(ticket, model)
+                    base = self.service.sync.catalog.base_of(model)
+                    gone = asyncio.ensure_future(wait_for_disconnect(receive))
+                    answer = await self._open(gone, self.router.open_stream(model, "POST", scope["path"], body,
+                                                                             headers, prefix=request.prefix, base=base))
+                    self.guard.done_waiting(ticket)
+                except errors.HotsetError as exc:
+                    record.code, payload = openai_wire.body_of_error(exc)
+                    await respond_json(send, record.code, payload, exc.headers)
+                    return
+                record.code = answer.status_code
+                try:
+                    await self._pass_on(answer, gone, send)
+                finally:
+                    answer.close()
             finally:
-                answer.close()
-        except asyncio.CancelledError:  # its client left (slow_clients.py)
-            code = errors.ClientClosedRequest.status_code
-            raise
-        finally:
-            if gone is not None:
-                gone.cancel()
-            if ticket is not None:
-                self.guard.release(ticket)  # a stream counts until it ends
-            self._record(model, code, started)
+                if gone is not None:
+                    gone.cancel()
 
     @staticmethod
     async def _open(gone: asyncio.Future, opening: Awaitable[UpstreamStream]) -> UpstreamStream:
@@ -163,8 +156,3 @@ class OpenAIRoutes:
                 return
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
-
-    def _record(self, model: str | None, code: int, started: float) -> None:
-        if model is None:
-            return
-        self.metrics.request(metric_label(self.router, model), code, time.perf_counter() - started)

@@ -29,6 +29,7 @@ BENCHMARKS: list[list[str]] = [
     ["router_placement_density.py"],
     ["router_cold_start.py", "--real"],
     ["llm_streaming.py"],
+    ["llm_real_engine_ttft.py"],  # the same on a real vLLM engine (needs scripts/install-vllm.sh)
     ["pool_autoscaling.py"],
     # Scale in models (docs/benchmarks.md): the operator and its catalog with 1,000-10,000 ServedModels,
     # and worker density.

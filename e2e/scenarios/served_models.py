@@ -369,10 +369,13 @@ def deleted_model_unloaded(platform: Platform, kube: Kube) -> None:
     holders = ready_copies(router_models(platform), "iris")
     kube.delete("servedmodel", "iris")
     wait_for("the iris ServedModel gone (finalizer done)", lambda: not kube.items("servedmodels", "--field-selector", "metadata.name=iris"), 120)
+    # The router stops listing it at once (a caller is shown models of ServedModels it may call);
+    # each holder unloads it at its next catalog change.
     wait_for("iris out of the router's GET /models",
              lambda: "iris" not in router_models(platform)["available_models"] and not router_models(platform).get("copies", {}).get("iris"), 60)
     for pod in holders:
-        assert "iris" not in {c["id"] for c in worker_status(platform, pod)["models"]}, f"iris still loaded on {pod}"
+        wait_for(f"iris unloaded on {pod}",
+                 lambda: "iris" not in {c["id"] for c in worker_status(platform, pod)["models"]}, 60)
 
 
 # -- 8 ------------------------------------------------------------------------------------------

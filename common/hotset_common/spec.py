@@ -7,10 +7,12 @@ operator's validation, so they cannot drift apart. The CRD's OpenAPI schema in
 """
 from __future__ import annotations
 
+import dataclasses
 import enum
 import json
+import math
 import re
-from typing import Any, Literal
+from typing import Any, Iterable, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -436,3 +438,33 @@ class ModelSpec(BaseModel):
 def with_variants(specs: list[ModelSpec]) -> list[ModelSpec]:
     """`specs` and the canary version of each that has one: what a worker's store can load."""
     return [*specs, *(variant for spec in specs if (variant := spec.canary_variant()) is not None)]
+
+
+@dataclasses.dataclass(frozen=True)
+class RequestRate:
+    """A namespace's request-rate limit, from its ModelQuota's ``requestsPerSecond`` and ``burst``
+    (crds/modelquota.yaml): the router's token bucket per namespace (router/hotset_router/rates.py)."""
+
+    per_second: float
+    burst: int
+
+    @staticmethod
+    def of_quota(spec: Mapping[str, Any]) -> "RequestRate | None":
+        """The limit a ModelQuota's spec sets; None: none (absent, or not a positive number)."""
+        value = spec.get("requestsPerSecond")
+        try:
+            per_second = float(value) if value is not None else 0.0
+            burst = int(spec.get("burst") or 0)
+        except (TypeError, ValueError):
+            return None
+        if not per_second > 0 or per_second == float("inf"):
+            return None
+        return RequestRate(per_second, max(1, burst or math.ceil(per_second)))
+
+    @staticmethod
+    def strictest(rates: Iterable["RequestRate"]) -> "RequestRate | None":
+        """Several quotas in one namespace: the lowest rate, with the smallest burst."""
+        found = list(rates)
+        if not found:
+            return None
+        return RequestRate(min(r.per_second for r in found), min(r.burst for r in found))

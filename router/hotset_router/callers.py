@@ -182,8 +182,8 @@ class Callers:
     def enabled(self) -> bool:
         return self.reviews is not None
 
-    async def check(self, headers: Mapping[str, str], model: str) -> None:
-        """Return if this request may reach `model`; else raise: 404 when it names another namespace
+    async def check(self, headers: Mapping[str, str], model: str) -> str | None:
+        """The namespace of `model` (None: no ServedModel declares it) if this request may reach it; else raise: 404 when it names another namespace
         than the model's (or, with callers checked, no watched namespace declares the model), 401
         without a token that authenticates, 403 when its caller may not call the model, 503 when the
         API server did not answer. A cached answer returns without awaiting anything."""
@@ -192,7 +192,7 @@ class Callers:
         if requested is not None and requested != owner and (owner is not None or self.enabled):
             raise errors.ModelNotFound(f"no model {errors.excerpt(model)} in namespace {errors.excerpt(requested)}")
         if self.reviews is None:
-            return
+            return owner
         caller = await self.caller(headers)
         if owner is None:
             raise errors.ModelNotFound(f"model {errors.excerpt(model)} is not declared by a ServedModel in the "
@@ -202,6 +202,7 @@ class Callers:
                 f"{caller.name} may not call model {model!r} of namespace {owner!r}: that takes '{CALL_VERB}' on "
                 f"'{spec_module.PLURAL}/{PREDICT_SUBRESOURCE}' ({spec_module.GROUP}) there, for example a "
                 "RoleBinding to the chart's model-caller ClusterRole")
+        return owner
 
     async def caller(self, headers: Mapping[str, str]) -> Caller:
         """The request's caller; 401 naming what is missing. With callers unchecked: anonymous."""

@@ -3,7 +3,8 @@
 Standalone: a fixed list of worker URLs and, optionally, the model store JSON
 the workers read. Cluster: the Kubernetes API, watched with the kubernetes
 client's ``watch.Watch`` (worker pods by label selector, ready condition and
-pod IP; ServedModel objects), in one namespace, a list of them, or all. Both
+pod IP; ServedModel objects; ModelQuotas, for each namespace's request rate,
+``rate_of(namespace)``), in one namespace, a list of them, or all. Both
 expose the same small interface to the rest of the router: ``urls()``,
 ``node_of(url)``, ``spec_of(model)``, ``draining(url)``, and
 ``take_changed_specs()`` (the models whose spec changed since the last
@@ -29,7 +30,7 @@ from typing import Any, Callable, Iterable, Protocol, Sequence
 
 from hotset_common import labels, model_store
 from hotset_common import spec as spec_module
-from hotset_common.spec import ModelSpec
+from hotset_common.spec import ModelSpec, RequestRate
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +90,8 @@ def pod_url(pod: Any, port: int) -> str | None:
 
 
 ALL_NAMESPACES = "*"
+QUOTA_PLURAL = "modelquotas"
+QUOTA_CRD_RETRY_S = 30.0  # no ModelQuota CRD installed: look again this often
 
 
 @dataclass(frozen=True)
@@ -140,6 +143,8 @@ class KubeDiscovery:
         self._by_url: dict[str, _Pod] = {}  # the same pods by URL
         self._by_name: dict[str, dict[str, _Model]] = {}  # model name -> namespace -> its ServedModel
         self._changed_specs: set[str] = set()  # model names whose ServedModels changed (under the lock)
+        self._quota_rates: dict[tuple[str, str], RequestRate] = {}  # (namespace, ModelQuota) -> its rate limit
+        self._rates: dict[str, RequestRate] = {}  # namespace -> its strictest limit (replaced whole)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._watches: dict[str, Any] = {}  # the current watch of each thread
@@ -183,6 +188,10 @@ class KubeDiscovery:
 
     def specs(self) -> list[ModelSpec]:
         return [spec for name in sorted(self._by_name) if (spec := self.spec_of(name)) is not None]
+
+    def rate_of(self, namespace: str) -> RequestRate | None:
+        """The request rate `namespace`'s ModelQuotas allow (the strictest); None: no limit."""
+        return self._rates.get(namespace)
 
     def take_changed_specs(self) -> set[str]:
         with self._lock:
@@ -238,7 +247,7 @@ class KubeDiscovery:
     def start(self) -> None:
         scopes: list[str | None] = [None] if self.all_namespaces else list(self.namespaces)
         for scope in scopes:
-            for target in (self._watch_pods, self._watch_served_models):
+            for target in (self._watch_pods, self._watch_served_models, self._watch_quotas):
                 thread = threading.Thread(target=self._forever, args=(target, scope), daemon=True,
                                           name=f"{target.__name__}-{scope or 'all'}")
                 thread.start()
@@ -341,5 +350,52 @@ class KubeDiscovery:
         for event in w.stream(lister, *args, resource_version=listing.get("metadata", {}).get("resourceVersion"),
                               **self._watch_timeouts()):
             self.apply_served_model_event(event["type"], event["object"])
+            if self._stop.is_set():
+                w.stop()
+
+    # --- ModelQuotas: each namespace's request rate (rates.py) --------------------------------
+    def apply_quota_event(self, kind: str, body: dict[str, Any]) -> None:
+        meta = body.get("metadata", {})
+        key = (meta.get("namespace") or self.namespace, meta.get("name", ""))
+        rate = RequestRate.of_quota(body.get("spec") or {}) if kind != "DELETED" else None
+        with self._lock:
+            quotas = dict(self._quota_rates)
+            if rate is None:
+                quotas.pop(key, None)
+            else:
+                quotas[key] = rate
+            self._set_quota_rates(quotas)
+
+    def _set_quota_rates(self, quotas: dict[tuple[str, str], RequestRate]) -> None:
+        by_namespace: dict[str, list[RequestRate]] = {}
+        for (namespace, _), rate in quotas.items():
+            by_namespace.setdefault(namespace, []).append(rate)
+        self._quota_rates = quotas
+        self._rates = {ns: rate for ns, rates in by_namespace.items() if (rate := RequestRate.strictest(rates))}
+
+    def _watch_quotas(self, scope: str | None) -> None:
+        from kubernetes import client, watch
+
+        what = (spec_module.GROUP, spec_module.VERSION)
+        lister, args = ((self._custom.list_cluster_custom_object, (*what, QUOTA_PLURAL)) if scope is None else
+                        (self._custom.list_namespaced_custom_object, (*what, scope, QUOTA_PLURAL)))
+        try:
+            listing = lister(*args, **self._timeouts())
+        except client.ApiException as exc:
+            if exc.status != 404:
+                raise
+            log.info("no ModelQuota CRD (%s): no request-rate limits; looking again in %d s", scope or "all",
+                     QUOTA_CRD_RETRY_S)
+            self._stop.wait(QUOTA_CRD_RETRY_S)
+            return
+        fresh = {(item["metadata"].get("namespace") or self.namespace, item["metadata"]["name"]): rate
+                 for item in listing.get("items", []) if (rate := RequestRate.of_quota(item.get("spec") or {}))}
+        with self._lock:
+            self._set_quota_rates({k: v for k, v in self._quota_rates.items() if scope is not None and k[0] != scope}
+                                  | fresh)
+        w = self._watches[f"modelquotas-{scope or 'all'}"] = watch.Watch()
+        for event in w.stream(lister, *args, resource_version=listing.get("metadata", {}).get("resourceVersion"),
+                              **self._watch_timeouts()):
+            self.apply_quota_event(event["type"], event["object"])
             if self._stop.is_set():
                 w.stop()

@@ -17,8 +17,9 @@
   (``forward_with``): only the attempt at a pod differs (grpc_upstream.py).
 - Streams (the OpenAI routes) take the same path and return as soon as the
   answer starts; the copy counts the request until the caller closes it.
-- Before anything else, the caller is checked (callers.py): a request its
-  caller may not send loads, places and wakes nothing.
+- Before anything else, the caller is checked (callers.py), then its
+  namespace's request rate (rates.py): a request refused by either loads,
+  places and wakes nothing.
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from typing import Any, Awaitable, Callable, Mapping, Protocol, TypeVar
 from hotset_common import errors, wire
 from hotset_common.wire import TIMEOUT_HEADER
 from hotset_router.callers import ANONYMOUS, Callers
+from hotset_router.rates import NO_RATES, NamespaceRates
 from hotset_router.deadlines import Deadlines
 from hotset_router.model_map import ModelMap
 from hotset_router.pod_waiter import PodWaiter
@@ -71,6 +73,7 @@ class Forwarder:
         self.retry_after_s = retry_after_s
         self.pod_waiter: PodWaiter | None = None  # cluster mode: hold a request while a pod of its model starts
         self.callers: Callers = ANONYMOUS  # who may send what (the service sets the router's)
+        self.rates: NamespaceRates = NO_RATES  # each namespace's request rate (its ModelQuota)
 
     @property
     def client(self) -> WorkerClient:
@@ -92,7 +95,7 @@ class Forwarder:
         protocol gets the same targets, canary split, pod wait, retry and in-flight counts. A request
         that names a version (`versioned`) gets that version, never a canary."""
         deadline = self.deadlines.deadline(headers)
-        await self.callers.check(headers, model)
+        self.rates.take(await self.callers.check(headers, model))
 
         async def attempts() -> Whole:
             chosen, sent = model, headers
@@ -114,7 +117,7 @@ class Forwarder:
         A pod that fails, or answers 5xx, before its answer starts costs one retry elsewhere; once an
         answer streams, it is the answer."""
         deadline = self.deadlines.deadline(headers)
-        await self.callers.check(headers, model)
+        self.rates.take(await self.callers.check(headers, model))
 
         async def send() -> UpstreamStream:
             chosen, sent = self.targets.with_variant(model, headers)  # the canary split, as for whole answers

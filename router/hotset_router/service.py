@@ -15,6 +15,7 @@ from hotset_common import errors, labels
 from hotset_common.spec import Placement
 from hotset_router import placement
 from hotset_router.callers import CallerSettings, Callers, Reviews
+from hotset_router.rates import NamespaceRates
 from hotset_router.discovery import Discovery
 from hotset_router.model_map import ModelMap
 from hotset_router.pod_waiter import PodWaiter
@@ -80,6 +81,9 @@ class RouterService:
         self.callers = Callers(reviews, getattr(discovery, "namespace_of", lambda model: None), settings.callers,
                                on_review=self.metrics.reviewed)
         self.router.forwarding.callers = self.callers
+        rate_of = getattr(discovery, "rate_of", None)
+        if rate_of is not None:
+            self.router.forwarding.rates = NamespaceRates(rate_of, lambda: len(self.replicas.live()))
         # Every mode waits while pods start; cluster mode can also ask the operator for one.
         marker = discovery if hasattr(discovery, "mark_wanted") else None
         self.router.pod_waiter = PodWaiter(self.model_map, self.sync, discovery, marker,  # type: ignore[arg-type]

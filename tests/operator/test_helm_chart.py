@@ -104,6 +104,8 @@ def test_operator_account_may_do_its_job_and_nothing_else(installed: Cluster) ->
 def test_router_and_worker_accounts_are_read_only_or_nothing(installed: Cluster) -> None:
     assert _can(installed, "hotset-router", "watch", "pods")
     assert _can(installed, "hotset-router", "list", "servedmodels.hotset.io")
+    assert _can(installed, "hotset-router", "watch", "modelquotas.hotset.io")  # each namespace's request rate
+    assert not _can(installed, "hotset-router", "patch", "modelquotas.hotset.io")
     # its one write: the annotation that asks the operator for a pod of a model a request waits for
     assert _can(installed, "hotset-router", "patch", "servedmodels.hotset.io")
     assert not _can(installed, "hotset-router", "patch", "servedmodels.hotset.io", "--subresource=status")

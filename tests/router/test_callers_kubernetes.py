@@ -1,4 +1,5 @@
-"""Callers checked by the cluster (``hotset-router --cluster --auth kubernetes``), on a real kube-apiserver.
+"""Callers checked by the cluster (``hotset-router --cluster --auth kubernetes``), and each namespace's
+request rate from its ModelQuota, on a real kube-apiserver.
 
 Two tenants' namespaces, one ServedModel each, served by one real worker
 process on a loopback "pod IP" (the test plays the kubelet, as in
@@ -28,7 +29,8 @@ CALLER_ROLE = "hotset-test-model-caller"
 def api(kube_cluster):
     from kubernetes import config
 
-    kube_cluster.kubectl("apply", "-f", str(local_stack.ROOT / "crds/servedmodel.yaml"))
+    for crd in ("servedmodel", "modelquota"):
+        kube_cluster.kubectl("apply", "-f", str(local_stack.ROOT / f"crds/{crd}.yaml"))
     wait_for(lambda: kube_cluster.kubectl("get", "servedmodels", check=False).returncode == 0, "the CRD", 30)
     api_client = config.new_client_from_config(str(kube_cluster.kubeconfig))
     yield api_client
@@ -170,3 +172,34 @@ def test_only_callers_the_cluster_allows_reach_a_model_and_nothing_loads_for_the
     bind(rbac, "tenant-b", "app", "tenant-a", "app-calls-tenant-b")
     wait_for(lambda: predict(router.url, "beta", app_token).status_code == 200, "the new grant to take", 20)
     assert loads(worker.url, "beta") == 1
+
+
+def test_a_namespace_over_its_modelquota_rate_gets_429_and_other_namespaces_are_served(authenticated_router, tenants,
+                                                                                         api):
+    from kubernetes import client
+
+    router, _, _ = authenticated_router
+    core, rbac = tenants
+    try:
+        bind(rbac, "tenant-b", "app", "tenant-a", "app-calls-tenant-b")
+    except client.ApiException as exc:
+        assert exc.status == 409  # made by the test before
+    app_token = token(core, "tenant-a", "app", ["hotset"])
+    custom = client.CustomObjectsApi(api)
+    custom.create_namespaced_custom_object(GROUP, VERSION, "tenant-a", "modelquotas", {
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": "ModelQuota", "metadata": {"name": "rate"},
+        "spec": {"requestsPerSecond": 0.2, "burst": 3}})
+    try:
+        def refused() -> httpx.Response | None:
+            answer = predict(router.url, "alpha", app_token)
+            return answer if answer.status_code == 429 else None
+
+        answer = wait_for(refused, "tenant-a's burst to be spent", 30)  # the quota reaches the router, then 3 pass
+        assert "ModelQuota allows 0.2 requests a second (burst 3)" in answer.json()["detail"], answer.text
+        assert 1 <= int(answer.headers["retry-after"]) <= 5
+        # tenant-b has no limit: served while tenant-a is refused
+        assert all(predict(router.url, "beta", app_token).status_code == 200 for _ in range(10))
+        assert predict(router.url, "alpha", app_token).status_code == 429
+    finally:
+        custom.delete_namespaced_custom_object(GROUP, VERSION, "tenant-a", "modelquotas", "rate")
+    wait_for(lambda: predict(router.url, "alpha", app_token).status_code == 200, "no limit once the quota goes", 30)

@@ -17,6 +17,7 @@ QUEUE_WAIT_SECONDS = f"{PREFIX}_queue_wait_seconds"    # histogram; labels: mode
 REFUSALS_TOTAL = f"{PREFIX}_refusals_total"            # 503s for lack of room, 429s of a full per-model queue; labels: model, framework, pod, reason
 INFLIGHT_REQUESTS = f"{PREFIX}_inflight_requests"      # gauge: inference requests being served now; labels: model, framework, pod
 MODEL_QUEUED_REQUESTS = f"{PREFIX}_model_queued_requests"  # gauge: requests waiting for a slot of spec.maxConcurrency; labels: model, framework, pod
+SHARE_WEIGHT = f"{PREFIX}_share_weight"                # gauge: a namespace's weight in the inference threads' shares (as the router last sent it); labels: namespace, pod
 # Remote model sources (s3://, gs://, hf://, https://) and the pod's source cache.
 SOURCE_FETCHES_TOTAL = f"{PREFIX}_source_fetches_total"          # labels: model, framework, pod, scheme, result (hit, download, failure)
 SOURCE_CACHE_HITS_TOTAL = f"{PREFIX}_source_cache_hits_total"    # loads served from the cache; labels: model, framework, pod, scheme

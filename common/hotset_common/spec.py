@@ -375,6 +375,12 @@ class ModelSpec(BaseModel):
         """Seconds one load of this model may take: its own ``loadTimeoutSeconds``, else `default`."""
         return self.load_timeout_seconds if self.load_timeout_seconds is not None else default
 
+    @property
+    def namespace(self) -> str:
+        """The ServedModel's namespace ("" in a local store): the tenant whose share of a worker's
+        inference threads its requests use (worker fair_threads.py)."""
+        return self.source_options.namespace
+
     def batch_limits(self) -> tuple[int, float]:
         """(max rows per forward pass, max milliseconds the oldest request waits); (1, 0): unbatched."""
         size, delay = BATCHING_DEFAULTS.get(self.task, (1, 0.0))
@@ -435,6 +441,10 @@ class ModelSpec(BaseModel):
                    source_options=SourceOptions.fields_of(source, namespace), **spec)
 
 
+DEFAULT_SERVING_WEIGHT = 1.0
+MAX_SERVING_WEIGHT = 1000.0
+
+
 def with_variants(specs: list[ModelSpec]) -> list[ModelSpec]:
     """`specs` and the canary version of each that has one: what a worker's store can load."""
     return [*specs, *(variant for spec in specs if (variant := spec.canary_variant()) is not None)]
@@ -468,3 +478,33 @@ class RequestRate:
         if not found:
             return None
         return RequestRate(min(r.per_second for r in found), min(r.burst for r in found))
+
+
+@dataclasses.dataclass(frozen=True)
+class ServingTerms:
+    """What a namespace's ModelQuota sets for serving (crds/modelquota.yaml): its request rate, and
+    its weight in the shares of a worker's inference threads and the router's request slots when
+    namespaces contend (``servingWeight``; 1 when absent)."""
+
+    rate: RequestRate | None = None
+    weight: float = DEFAULT_SERVING_WEIGHT
+
+    @staticmethod
+    def of_quota(spec: Mapping[str, Any]) -> "ServingTerms":
+        try:
+            weight = float(spec.get("servingWeight") or DEFAULT_SERVING_WEIGHT)
+        except (TypeError, ValueError):
+            weight = DEFAULT_SERVING_WEIGHT
+        if not 0 < weight <= MAX_SERVING_WEIGHT:
+            weight = DEFAULT_SERVING_WEIGHT
+        return ServingTerms(RequestRate.of_quota(spec), weight)
+
+    def __bool__(self) -> bool:
+        return self.rate is not None or self.weight != DEFAULT_SERVING_WEIGHT
+
+    @staticmethod
+    def strictest(terms: Iterable["ServingTerms"]) -> "ServingTerms":
+        """Several quotas in one namespace: the strictest rate and the smallest weight."""
+        found = list(terms)
+        return ServingTerms(RequestRate.strictest(t.rate for t in found if t.rate is not None),
+                            min((t.weight for t in found), default=DEFAULT_SERVING_WEIGHT))

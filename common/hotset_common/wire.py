@@ -52,6 +52,30 @@ def requested_model(name: str) -> str:
 # ``/namespaces/<namespace>/...`` sets it for clients that cannot add a header.
 NAMESPACE_HEADER = "x-hotset-namespace"
 
+# Router -> worker: the serving weight of the request's namespace (its ModelQuota's servingWeight),
+# as ``<namespace>=<weight>``. The worker's inference threads are shared between namespaces by
+# these weights (worker fair_threads.py). The router sets it on every request whose model has a
+# namespace and never passes on a client's own.
+SHARE_WEIGHT_HEADER = "x-hotset-share-weight"
+
+
+def share_weight(namespace: str, weight: float) -> str:
+    return f"{namespace}={weight:g}"
+
+
+def parse_share_weight(value: str | None) -> tuple[str, float] | None:
+    """(namespace, weight) of a ``SHARE_WEIGHT_HEADER`` value; None when absent or malformed (the
+    request is served at the namespace's current weight: a weight is a hint, not an input)."""
+    if not value or "=" not in value:
+        return None
+    namespace, _, number = value.rpartition("=")
+    try:
+        weight = float(number)
+    except ValueError:
+        return None
+    return (namespace, weight) if namespace and 0 < weight < float("inf") else None
+
+
 # Router -> worker: the canary version (its variant id) chosen to answer a request for its model.
 VARIANT_HEADER = "x-hotset-variant"
 # On every inference answer: the version of the copy that computed it (during a rollout, the old

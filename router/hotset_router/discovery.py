@@ -4,7 +4,7 @@ Standalone: a fixed list of worker URLs and, optionally, the model store JSON
 the workers read. Cluster: the Kubernetes API, watched with the kubernetes
 client's ``watch.Watch`` (worker pods by label selector, ready condition and
 pod IP; ServedModel objects; ModelQuotas, for each namespace's request rate,
-``rate_of(namespace)``), in one namespace, a list of them, or all. Both
+``rate_of(namespace)``, and weight, ``weight_of(namespace)``), in one namespace, a list of them, or all. Both
 expose the same small interface to the rest of the router: ``urls()``,
 ``node_of(url)``, ``spec_of(model)``, ``draining(url)``, and
 ``take_changed_specs()`` (the models whose spec changed since the last
@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterable, Protocol, Sequence
 
 from hotset_common import labels, model_store
 from hotset_common import spec as spec_module
-from hotset_common.spec import ModelSpec, RequestRate
+from hotset_common.spec import DEFAULT_SERVING_WEIGHT, ModelSpec, RequestRate, ServingTerms
 
 log = logging.getLogger(__name__)
 
@@ -143,8 +143,8 @@ class KubeDiscovery:
         self._by_url: dict[str, _Pod] = {}  # the same pods by URL
         self._by_name: dict[str, dict[str, _Model]] = {}  # model name -> namespace -> its ServedModel
         self._changed_specs: set[str] = set()  # model names whose ServedModels changed (under the lock)
-        self._quota_rates: dict[tuple[str, str], RequestRate] = {}  # (namespace, ModelQuota) -> its rate limit
-        self._rates: dict[str, RequestRate] = {}  # namespace -> its strictest limit (replaced whole)
+        self._quota_terms: dict[tuple[str, str], ServingTerms] = {}  # (namespace, ModelQuota) -> its serving terms
+        self._terms: dict[str, ServingTerms] = {}  # namespace -> its strictest terms (replaced whole)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._watches: dict[str, Any] = {}  # the current watch of each thread
@@ -191,7 +191,13 @@ class KubeDiscovery:
 
     def rate_of(self, namespace: str) -> RequestRate | None:
         """The request rate `namespace`'s ModelQuotas allow (the strictest); None: no limit."""
-        return self._rates.get(namespace)
+        terms = self._terms.get(namespace)
+        return terms.rate if terms is not None else None
+
+    def weight_of(self, namespace: str) -> float:
+        """`namespace`'s serving weight (its ModelQuotas' ``servingWeight``, the smallest); 1 without one."""
+        terms = self._terms.get(namespace)
+        return terms.weight if terms is not None else DEFAULT_SERVING_WEIGHT
 
     def take_changed_specs(self) -> set[str]:
         with self._lock:
@@ -353,25 +359,25 @@ class KubeDiscovery:
             if self._stop.is_set():
                 w.stop()
 
-    # --- ModelQuotas: each namespace's request rate (rates.py) --------------------------------
+    # --- ModelQuotas: each namespace's request rate (rates.py) and serving weight (shares) --------
     def apply_quota_event(self, kind: str, body: dict[str, Any]) -> None:
         meta = body.get("metadata", {})
         key = (meta.get("namespace") or self.namespace, meta.get("name", ""))
-        rate = RequestRate.of_quota(body.get("spec") or {}) if kind != "DELETED" else None
+        terms = ServingTerms.of_quota(body.get("spec") or {}) if kind != "DELETED" else ServingTerms()
         with self._lock:
-            quotas = dict(self._quota_rates)
-            if rate is None:
+            quotas = dict(self._quota_terms)
+            if not terms:
                 quotas.pop(key, None)
             else:
-                quotas[key] = rate
-            self._set_quota_rates(quotas)
+                quotas[key] = terms
+            self._set_quota_terms(quotas)
 
-    def _set_quota_rates(self, quotas: dict[tuple[str, str], RequestRate]) -> None:
-        by_namespace: dict[str, list[RequestRate]] = {}
-        for (namespace, _), rate in quotas.items():
-            by_namespace.setdefault(namespace, []).append(rate)
-        self._quota_rates = quotas
-        self._rates = {ns: rate for ns, rates in by_namespace.items() if (rate := RequestRate.strictest(rates))}
+    def _set_quota_terms(self, quotas: dict[tuple[str, str], ServingTerms]) -> None:
+        by_namespace: dict[str, list[ServingTerms]] = {}
+        for (namespace, _), terms in quotas.items():
+            by_namespace.setdefault(namespace, []).append(terms)
+        self._quota_terms = quotas
+        self._terms = {ns: ServingTerms.strictest(each) for ns, each in by_namespace.items()}
 
     def _watch_quotas(self, scope: str | None) -> None:
         from kubernetes import client, watch
@@ -388,10 +394,10 @@ class KubeDiscovery:
                      QUOTA_CRD_RETRY_S)
             self._stop.wait(QUOTA_CRD_RETRY_S)
             return
-        fresh = {(item["metadata"].get("namespace") or self.namespace, item["metadata"]["name"]): rate
-                 for item in listing.get("items", []) if (rate := RequestRate.of_quota(item.get("spec") or {}))}
+        fresh = {(item["metadata"].get("namespace") or self.namespace, item["metadata"]["name"]): terms
+                 for item in listing.get("items", []) if (terms := ServingTerms.of_quota(item.get("spec") or {}))}
         with self._lock:
-            self._set_quota_rates({k: v for k, v in self._quota_rates.items() if scope is not None and k[0] != scope}
+            self._set_quota_terms({k: v for k, v in self._quota_terms.items() if scope is not None and k[0] != scope}
                                   | fresh)
         w = self._watches[f"modelquotas-{scope or 'all'}"] = watch.Watch()
         for event in w.stream(lister, *args, resource_version=listing.get("metadata", {}).get("resourceVersion"),

@@ -27,7 +27,8 @@ import logging
 from typing import Any, Awaitable, Callable, Mapping, Protocol, TypeVar
 
 from hotset_common import errors, wire
-from hotset_common.wire import TIMEOUT_HEADER
+from hotset_common.spec import DEFAULT_SERVING_WEIGHT
+from hotset_common.wire import SHARE_WEIGHT_HEADER, TIMEOUT_HEADER, share_weight
 from hotset_router.callers import ANONYMOUS, Callers
 from hotset_router.rates import NO_RATES, NamespaceRates
 from hotset_router.deadlines import Deadlines
@@ -74,6 +75,7 @@ class Forwarder:
         self.pod_waiter: PodWaiter | None = None  # cluster mode: hold a request while a pod of its model starts
         self.callers: Callers = ANONYMOUS  # who may send what (the service sets the router's)
         self.rates: NamespaceRates = NO_RATES  # each namespace's request rate (its ModelQuota)
+        self.weight_of: Callable[[str], float] = lambda namespace: DEFAULT_SERVING_WEIGHT  # its servingWeight
 
     @property
     def client(self) -> WorkerClient:
@@ -95,7 +97,7 @@ class Forwarder:
         protocol gets the same targets, canary split, pod wait, retry and in-flight counts. A request
         that names a version (`versioned`) gets that version, never a canary."""
         deadline = self.deadlines.deadline(headers)
-        self.rates.take(await self.callers.check(headers, model))
+        headers = self._admitted(headers, await self.callers.check(headers, model))
 
         async def attempts() -> Whole:
             chosen, sent = model, headers
@@ -110,6 +112,17 @@ class Forwarder:
 
         return await self._after_pod_wait(model, deadline, attempts) if load else await attempts()
 
+    def _admitted(self, headers: Mapping[str, str], namespace: str | None) -> Mapping[str, str]:
+        """A request its caller may send: within its namespace's rate (429 past it), and carrying
+        the namespace's serving weight for the worker's fair shares (wire.SHARE_WEIGHT_HEADER; a
+        client's own is dropped)."""
+        self.rates.take(namespace)
+        if namespace:
+            return {**headers, SHARE_WEIGHT_HEADER: share_weight(namespace, self.weight_of(namespace))}
+        if SHARE_WEIGHT_HEADER in headers:
+            return {k: v for k, v in headers.items() if k != SHARE_WEIGHT_HEADER}
+        return headers
+
     async def open_stream(self, model: str, method: str, path: str, body: bytes, headers: Mapping[str, str],
                           prefix: str = "", base: str = "") -> UpstreamStream:
         """``forward`` for answers that stream: the same targets (``Targets.stream_target``), but the
@@ -117,7 +130,7 @@ class Forwarder:
         A pod that fails, or answers 5xx, before its answer starts costs one retry elsewhere; once an
         answer streams, it is the answer."""
         deadline = self.deadlines.deadline(headers)
-        self.rates.take(await self.callers.check(headers, model))
+        headers = self._admitted(headers, await self.callers.check(headers, model))
 
         async def send() -> UpstreamStream:
             chosen, sent = self.targets.with_variant(model, headers)  # the canary split, as for whole answers

@@ -21,11 +21,11 @@ from urllib.parse import urlsplit
 import grpc
 
 from hotset_common import errors, grpc_wire
-from hotset_common.wire import TIMEOUT_HEADER, VARIANT_HEADER
+from hotset_common.wire import SHARE_WEIGHT_HEADER, TIMEOUT_HEADER, VARIANT_HEADER
 from hotset_router.upstream import PodUnreachable
 
 # The metadata a client's call keeps on its way to a worker (as upstream.PASSED_REQUEST_HEADERS).
-PASSED_METADATA = (TIMEOUT_HEADER, VARIANT_HEADER)
+PASSED_METADATA = (TIMEOUT_HEADER, VARIANT_HEADER, SHARE_WEIGHT_HEADER)
 
 
 @dataclasses.dataclass(frozen=True)

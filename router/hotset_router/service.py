@@ -84,6 +84,9 @@ class RouterService:
         rate_of = getattr(discovery, "rate_of", None)
         if rate_of is not None:
             self.router.forwarding.rates = NamespaceRates(rate_of, lambda: len(self.replicas.live()))
+        weight_of = getattr(discovery, "weight_of", None)
+        if weight_of is not None:
+            self.router.forwarding.weight_of = weight_of
         # Every mode waits while pods start; cluster mode can also ask the operator for one.
         marker = discovery if hasattr(discovery, "mark_wanted") else None
         self.router.pod_waiter = PodWaiter(self.model_map, self.sync, discovery, marker,  # type: ignore[arg-type]

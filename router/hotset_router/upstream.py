@@ -17,16 +17,17 @@ import yarl
 
 from hotset_common import errors
 from hotset_common.wire import (ROUTER_ID_HEADER, SERVER_TIMING_HEADER, STATUS_LIMIT, STATUS_SINCE, TIMEOUT_HEADER,
-                                 VARIANT_HEADER, VERSION_HEADER, WorkerStatus)
+                                 SHARE_WEIGHT_HEADER, VARIANT_HEADER, VERSION_HEADER, WorkerStatus)
 
 # Headers a worker's answer keeps on its way back through the router. Content-Encoding goes with
 # the body it describes (a client that asked for gzip with Accept-Encoding gets it from Triton).
 PASSED_RESPONSE_HEADERS = ("content-type", "inference-header-content-length", "retry-after", SERVER_TIMING_HEADER,
                            "content-encoding", VERSION_HEADER)
 # Headers a client's request keeps on its way to a worker: a gzip body (tritonclient's request
-# compression) is only readable with its Content-Encoding.
+# compression) is only readable with its Content-Encoding. SHARE_WEIGHT_HEADER is the router's
+# own (forwarding.py replaces a client's).
 PASSED_REQUEST_HEADERS = ("content-type", "inference-header-content-length", "accept", TIMEOUT_HEADER, VARIANT_HEADER,
-                          "content-encoding", "accept-encoding")
+                          "content-encoding", "accept-encoding", SHARE_WEIGHT_HEADER)
 
 
 class PodUnreachable(Exception):

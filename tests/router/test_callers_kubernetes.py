@@ -178,7 +178,7 @@ def test_a_namespace_over_its_modelquota_rate_gets_429_and_other_namespaces_are_
                                                                                          api):
     from kubernetes import client
 
-    router, _, _ = authenticated_router
+    router, worker, _ = authenticated_router
     core, rbac = tenants
     try:
         bind(rbac, "tenant-b", "app", "tenant-a", "app-calls-tenant-b")
@@ -188,7 +188,7 @@ def test_a_namespace_over_its_modelquota_rate_gets_429_and_other_namespaces_are_
     custom = client.CustomObjectsApi(api)
     custom.create_namespaced_custom_object(GROUP, VERSION, "tenant-a", "modelquotas", {
         "apiVersion": f"{GROUP}/{VERSION}", "kind": "ModelQuota", "metadata": {"name": "rate"},
-        "spec": {"requestsPerSecond": 0.2, "burst": 3}})
+        "spec": {"requestsPerSecond": 0.2, "burst": 3, "servingWeight": 4}})
     try:
         def refused() -> httpx.Response | None:
             answer = predict(router.url, "alpha", app_token)
@@ -197,8 +197,13 @@ def test_a_namespace_over_its_modelquota_rate_gets_429_and_other_namespaces_are_
         answer = wait_for(refused, "tenant-a's burst to be spent", 30)  # the quota reaches the router, then 3 pass
         assert "ModelQuota allows 0.2 requests a second (burst 3)" in answer.json()["detail"], answer.text
         assert 1 <= int(answer.headers["retry-after"]) <= 5
-        # tenant-b has no limit: served while tenant-a is refused
-        assert all(predict(router.url, "beta", app_token).status_code == 200 for _ in range(10))
+        # The quota's servingWeight reached the worker with tenant-a's requests (its threads' shares).
+        assert worker_metric(worker.url, "hotset_share_weight", namespace="tenant-a") == 4
+        # tenant-b has no limit: served while tenant-a is refused; a client's own weight is not passed on
+        forged = {"Authorization": f"Bearer {app_token}", "x-hotset-share-weight": "tenant-b=999"}
+        assert all(httpx.post(f"{router.url}/predict", json={"model_id": "beta", "input_data": [2]}, headers=forged,
+                              timeout=60).status_code == 200 for _ in range(10))
+        assert worker_metric(worker.url, "hotset_share_weight", namespace="tenant-b") == 1
         assert predict(router.url, "alpha", app_token).status_code == 429
     finally:
         custom.delete_namespaced_custom_object(GROUP, VERSION, "tenant-a", "modelquotas", "rate")

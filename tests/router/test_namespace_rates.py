@@ -1,11 +1,12 @@
 """rates.NamespaceRates on its own, with a clock the test moves (the real ModelQuota through a real
-router: test_callers_kubernetes.py), and RequestRate read from a ModelQuota's spec."""
+router: test_callers_kubernetes.py), RequestRate and ServingTerms read from a ModelQuota's spec, and
+the share-weight header the router sends its workers."""
 from __future__ import annotations
 
 import pytest
 
-from hotset_common import errors
-from hotset_common.spec import RequestRate
+from hotset_common import errors, wire
+from hotset_common.spec import RequestRate, ServingTerms
 from hotset_router.rates import NamespaceRates
 
 
@@ -54,3 +55,27 @@ def test_request_rate_of_a_modelquota(spec, rate):
 def test_the_strictest_of_several_quotas_holds():
     assert RequestRate.strictest([RequestRate(5, 10), RequestRate(2, 20)]) == RequestRate(2, 10)
     assert RequestRate.strictest([]) is None
+
+
+@pytest.mark.parametrize("spec, weight", [
+    ({}, 1.0), ({"servingWeight": 4}, 4.0), ({"servingWeight": 0.5}, 0.5), ({"servingWeight": "x"}, 1.0),
+    ({"servingWeight": -2}, 1.0), ({"servingWeight": 5000}, 1.0),
+])
+def test_serving_weight_of_a_modelquota(spec, weight):
+    assert ServingTerms.of_quota(spec).weight == weight
+
+
+def test_several_quotas_give_the_strictest_rate_and_the_smallest_weight():
+    terms = ServingTerms.strictest([ServingTerms(RequestRate(5, 10), 4.0), ServingTerms(None, 2.0)])
+    assert terms == ServingTerms(RequestRate(5, 10), 2.0)
+    assert not ServingTerms.of_quota({})  # sets nothing: not kept
+
+
+@pytest.mark.parametrize("value, parsed", [
+    ("team-a=2", ("team-a", 2.0)), ("team-a=0.5", ("team-a", 0.5)), (None, None), ("", None), ("team-a", None),
+    ("=2", None), ("team-a=x", None), ("team-a=0", None), ("team-a=-1", None), ("team-a=inf", None),
+])
+def test_the_share_weight_header_is_read_or_ignored(value, parsed):
+    assert wire.parse_share_weight(value) == parsed
+    if parsed:
+        assert wire.parse_share_weight(wire.share_weight(*parsed)) == parsed

@@ -171,6 +171,7 @@ def create_app(
 
         body = parse() if len(raw) <= OFF_LOOP_BYTES and not encoding else await asyncio.to_thread(parse)
         timing = RequestTiming()
+        dataplane.note_share_weight(request.headers.get(wire.SHARE_WEIGHT_HEADER))
         predictions = await dataplane.predict(body.model_id, body.input_data, timeout_of(request), timing,
                                               request.headers.get(wire.VARIANT_HEADER))
         answer = wire.PredictResponse(model_id=body.model_id, predictions=predictions, model_version=timing.version)
@@ -223,6 +224,7 @@ def create_app(
             return codec.decode_request(raw, header_length)
 
         timing = RequestTiming()
+        dataplane.note_share_weight(request.headers.get(wire.SHARE_WEIGHT_HEADER))
         answer = await dataplane.infer(name, version, body, request.headers, decode, timeout_of(request), timing,
                                        request.headers.get(wire.VARIANT_HEADER))
         return Response(content=answer.body, status_code=answer.status,

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import concurrent.futures
+import functools
 import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol, Sequence
@@ -37,6 +37,7 @@ from typing import Any, Callable, Protocol, Sequence
 from hotset_common import errors
 from hotset_common.spec import ModelSpec
 from hotset_worker.clock import Clock
+from hotset_worker.fair_threads import FairThreads
 from hotset_worker.frameworks.base import FrameworkWorker, Rows
 
 log = logging.getLogger(__name__)
@@ -73,7 +74,7 @@ class Batcher:
         self.max_rows = max_rows
         self.max_delay_s = max_delay_s
         self.max_passes = max(1, max_passes)
-        self._run = run  # runs a function on an inference thread, as a future
+        self._run = run  # runs a function on an inference thread, as a future: run(cost in rows, function, *args)
         self._clock = clock
         self._observer = observer
         self._queue: collections.deque[_Item] = collections.deque()
@@ -152,7 +153,8 @@ class Batcher:
             item.started = now
         self.passes += 1
         try:
-            outcomes, seconds, rows = await self._run(run_pass, self.worker, [item.prepare for item in batch])
+            outcomes, seconds, rows = await self._run(sum(item.rows for item in batch), run_pass, self.worker,
+                                                      [item.prepare for item in batch])
         except BaseException as exc:  # noqa: BLE001 - the thread pool is gone (shutdown): every waiter hears it
             for item in batch:
                 if not item.answer.done():
@@ -246,9 +248,9 @@ class Batchers:
     """The batchers of a worker's loaded copies (one per copy, made on its first batched request,
     gone with the copy) and the threads their passes run on."""
 
-    def __init__(self, executor: concurrent.futures.Executor, clock: Clock, observer: BatchObserver | None = None,
+    def __init__(self, threads: FairThreads, clock: Clock, observer: BatchObserver | None = None,
                  max_passes: int = 1) -> None:
-        self._executor = executor
+        self._threads = threads
         self._max_passes = max_passes
         self._clock = clock
         self._observer = observer
@@ -260,13 +262,14 @@ class Batchers:
             return None
         batcher: Batcher | None = getattr(worker, "_hotset_batcher", None)
         if batcher is None or batcher.max_rows != max_rows or batcher.max_delay_s != max_delay_ms / 1000:
-            batcher = Batcher(worker, max_rows, max_delay_ms / 1000, self._submit, self._clock, self._observer,
-                              self._max_passes)
+            batcher = Batcher(worker, max_rows, max_delay_ms / 1000, functools.partial(self._submit, spec.namespace),
+                              self._clock, self._observer, self._max_passes)
             worker._hotset_batcher = batcher  # type: ignore[attr-defined]  # lives and goes with the copy
         return batcher
 
-    def _submit(self, function: Callable[..., Any], *args: Any) -> "asyncio.Future[Any]":
-        return asyncio.get_running_loop().run_in_executor(self._executor, function, *args)
+    def _submit(self, namespace: str, rows: int, function: Callable[..., Any], *args: Any) -> "asyncio.Future[Any]":
+        """A pass on the inference threads, in `namespace`'s turn (fair_threads.py), costing its rows."""
+        return asyncio.wrap_future(self._threads.submit(function, *args, namespace=namespace, cost=rows))
 
 
 def estimated_rows(value: Any) -> int:

@@ -17,7 +17,6 @@ with a message naming the model; anything else a framework raises becomes a
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import logging
 import os
@@ -30,6 +29,7 @@ from hotset_common.spec import ModelSpec
 from hotset_worker import codec, engine
 from hotset_worker.backends import Backends
 from hotset_worker.batching import Batchers, BatchTiming, estimated_rows
+from hotset_worker.fair_threads import FairThreads
 from hotset_worker.frameworks.base import ForwardedResponse, FrameworkWorker, Rows
 from hotset_worker.limits import ModelLimiter
 from hotset_worker.manager import ModelManager, RequestTiming
@@ -78,11 +78,18 @@ class DataPlane:
         self.backends = backends
         self.limiter = limiter or ModelLimiter(metrics, clock=manager.clock)
         threads = inference_threads or available_cores()
-        self._inference = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="inference")
-        self.batchers = Batchers(self._inference, manager.clock, metrics, max_passes=threads)
+        self.inference_threads = FairThreads(threads, thread_name_prefix="inference")  # shared fairly by namespace
+        self.batchers = Batchers(self.inference_threads, manager.clock, metrics, max_passes=threads)
+
+    def note_share_weight(self, value: str | None) -> None:
+        """A request's ``wire.SHARE_WEIGHT_HEADER`` (the router's): its namespace's weight in the
+        inference threads' shares from now on."""
+        parsed = wire.parse_share_weight(value)
+        if parsed is not None and self.inference_threads.set_weight(*parsed):
+            self.metrics.share_weight(*parsed)
 
     def close(self) -> None:
-        self._inference.shutdown(wait=False, cancel_futures=True)
+        self.inference_threads.shutdown(wait=False, cancel_futures=True)
 
     def deadline_of(self, spec: ModelSpec, timeout_s: float | None) -> float | None:
         """When the request must have its model (the manager's clock): the caller's budget
@@ -305,7 +312,7 @@ class DataPlane:
 
     async def _run(self, spec: ModelSpec, timing: RequestTiming, function: Any, *args: Any) -> Any:
         started = time.perf_counter()
-        job = self._inference.submit(function, *args)
+        job = self.inference_threads.submit(function, *args, namespace=spec.namespace)
         inference = asyncio.wrap_future(job)
         try:
             return await asyncio.shield(inference)

@@ -92,6 +92,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
                 return grpc_codec.encode_response(inferred.model_name, inferred.model_version, inferred.request,
                                                   inferred.outputs)
 
+            self.dataplane.note_share_weight(headers.get(wire.SHARE_WEIGHT_HEADER))
             reply = await self.dataplane.infer_tensors(
                 request.model_name, request.model_version or None, lambda: grpc_codec.decode_request(request), encode,
                 grpc_wire.timeout_of(context.time_remaining(), headers), timing, headers.get(wire.VARIANT_HEADER),

@@ -92,6 +92,8 @@ class WorkerMetrics:
             names.MODEL_QUEUED_REQUESTS, "Requests waiting for a slot of the model's maxConcurrency", model_labels,
             registry=self.registry,
         )
+        self.share_weights = Gauge(names.SHARE_WEIGHT, "Each namespace's weight in the inference threads' shares",
+                                   ["namespace", "pod"], registry=self.registry)
         source_labels = [*model_labels, "scheme"]
         self.source_fetches = Counter(names.SOURCE_FETCHES_TOTAL, "Fetches of remote model sources by result",
                                       [*source_labels, "result"], registry=self.registry)
@@ -165,6 +167,9 @@ class WorkerMetrics:
     def series_models(self) -> int:
         """Models with series of their own now (tests and figures)."""
         return len(self._children)
+
+    def share_weight(self, namespace: str, weight: float) -> None:
+        self.share_weights.labels(namespace, self.pod).set(weight)
 
     def request_started(self, spec: ModelSpec) -> None:
         self._child(self.inflight, spec).inc()

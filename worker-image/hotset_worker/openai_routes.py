@@ -177,6 +177,7 @@ class OpenAIRoutes:
             raw = await http.read_body_limited(request, self.max_body_bytes)
             # The canary version the router chose for this request, when it chose one.
             spec = self.dataplane.resolve(openai_wire.peek(raw).model, request.headers.get(wire.VARIANT_HEADER))
+            self.dataplane.note_share_weight(request.headers.get(wire.SHARE_WEIGHT_HEADER))
             state = _Request(self, spec, arrived)
             check_task(spec, route)
             return await unless_the_client_leaves(request, self._answer(state, route, raw, request))

@@ -25,6 +25,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from hotset_common import errors, http, wire
 from hotset_common.http import error_body, install_error_handler
+from hotset_common.spec import DEFAULT_SERVING_WEIGHT
 from hotset_common.wire import CopyState
 from hotset_router import grpc_gateway
 from hotset_router.flood import FloodGuard, Limits
@@ -215,5 +216,8 @@ def create_app(service: RouterService, admin_token: str | None = None, max_body_
 
     limits = dataclasses.replace(limits or Limits(), max_body_bytes=max_body_bytes)
     # One guard for every inference route: a flood on one protocol counts against the same bounds.
-    guard = FloodGuard(limits, lambda model: bool(router.model_map.ready_copies(model)), router.retry_after_s)
+    discovery = service.discovery
+    guard = FloodGuard(limits, lambda model: bool(router.model_map.ready_copies(model)), router.retry_after_s,
+                       namespace_of=getattr(discovery, "namespace_of", lambda model: None),
+                       weight_of=getattr(discovery, "weight_of", lambda namespace: DEFAULT_SERVING_WEIGHT))
     return NamespacedPaths(OpenAIRoutes(InferenceRoutes(app, router, metrics, guard), service, guard))

@@ -20,7 +20,16 @@ none: a client could hold any number of 64 MiB bodies). The bounds:
   ``max_body_bytes`` (413);
 - at most ``max_cold_waiters`` requests per model waiting for a model that
   has no ready copy yet; the wait ends when the request's worker answers
-  (or its stream opens).
+  (or its stream opens);
+- per namespace, at most its weighted share of the slots: a namespace may
+  hold ``max_requests x w / (W + 1)``, where w is its ModelQuota's
+  ``servingWeight``, W the weights of the namespaces holding slots now (its
+  own included), and the 1 keeps room for a namespace that is not yet
+  served. So one namespace alone may hold half the slots, two of equal
+  weight a third each, and a namespace that floods the router is refused
+  (503, Retry-After, naming its share) while the others still get in. A
+  model without a namespace (the local stack, a standalone router) is not
+  counted.
 
 Why refuse at once instead of queueing: these bounds protect the router's
 own memory and event loop, and a request held here would still hold its
@@ -33,6 +42,7 @@ import dataclasses
 from typing import Any, Awaitable, Callable, Mapping
 
 from hotset_common import errors
+from hotset_common.spec import DEFAULT_SERVING_WEIGHT
 
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 
@@ -54,15 +64,21 @@ class Ticket:
     reserved_bytes: int
     cold_model: str | None = None
     serving: bool = False  # holds a slot: its body has arrived
+    namespace: str | None = None  # counted in this namespace's share of the slots
 
 
 class FloodGuard:
     """Counts inference requests in and out against `limits`; refuses what would pass them."""
 
-    def __init__(self, limits: Limits, has_ready_copy: Callable[[str], bool], retry_after_s: int) -> None:
+    def __init__(self, limits: Limits, has_ready_copy: Callable[[str], bool], retry_after_s: int,
+                 namespace_of: Callable[[str], str | None] = lambda model: None,
+                 weight_of: Callable[[str], float] = lambda namespace: DEFAULT_SERVING_WEIGHT) -> None:
         self.limits = limits
         self.has_ready_copy = has_ready_copy
         self.retry_after_s = retry_after_s
+        self.namespace_of = namespace_of  # the namespace of a model's ServedModel (discovery)
+        self.weight_of = weight_of  # a namespace's servingWeight (its ModelQuota)
+        self.held: dict[str, int] = {}  # namespace -> slots its requests hold now
         self.requests = 0
         self.body_bytes = 0  # declared (or, when undeclared, arrived) bytes of the bodies held now
         self.cold_waiters: dict[str, int] = {}  # model -> requests waiting while it has no ready copy
@@ -117,6 +133,28 @@ class FloodGuard:
                 ticket.serving = True
                 return b"".join(chunks)
 
+    def for_model(self, ticket: Ticket, model: str) -> None:
+        """Once a request's model is known: its namespace's share of the slots, then the count of
+        the requests waiting for the model when it has no ready copy."""
+        self._claim_share(ticket, model)
+        self.wait_cold(ticket, model)
+
+    def _claim_share(self, ticket: Ticket, model: str) -> None:
+        namespace = self.namespace_of(model) if ticket.serving and ticket.namespace is None else None
+        if not namespace:
+            return
+        held = self.held.get(namespace, 0)
+        weight = self.weight_of(namespace)
+        weights = weight + sum(self.weight_of(other) for other in self.held if other != namespace)
+        share = max(1, int(self.limits.max_requests * weight / (weights + DEFAULT_SERVING_WEIGHT)))
+        if held >= share:
+            raise errors.NoCapacity(
+                f"namespace {namespace!r} holds {held} of the router's {self.limits.max_requests} request slots, its "
+                f"share while {len(self.held)} namespaces are served (servingWeight {weight:g} of {weights:g}); "
+                "retry shortly", self.retry_after_s)
+        self.held[namespace] = held + 1
+        ticket.namespace = namespace
+
     def wait_cold(self, ticket: Ticket, model: str) -> None:
         """Count a request for a model with no ready copy, or refuse it when too many already wait."""
         if self.has_ready_copy(model):
@@ -143,6 +181,13 @@ class FloodGuard:
     def release(self, ticket: Ticket) -> None:
         """The request is over: its slot and its body's bytes go back."""
         self.done_waiting(ticket)
+        if ticket.namespace is not None:
+            left = self.held.get(ticket.namespace, 1) - 1
+            if left <= 0:
+                self.held.pop(ticket.namespace, None)
+            else:
+                self.held[ticket.namespace] = left
+            ticket.namespace = None
         if ticket.serving:
             self.requests -= 1
             ticket.serving = False

@@ -103,7 +103,7 @@ class GrpcGateway:
                 model, version = _model_of(request)
                 record.model = model
                 if ticket is not None:
-                    self.guard.wait_cold(ticket, model)
+                    self.guard.for_model(ticket, model)
 
                 async def send(url: str, sent: dict[str, str], timeout_s: float) -> GrpcAnswer:
                     return await self.client.call(url, method, request, sent, timeout_s)

@@ -111,7 +111,7 @@ class InferenceRoutes:
                                                                             limit))
                 else:
                     wire.requested_model(model)
-                self.guard.wait_cold(ticket, model)
+                self.guard.for_model(ticket, model)
                 path = scope.get("raw_path", b"").decode("latin-1") or scope["path"]
                 upstream: UpstreamResponse = await self.router.forward(model, "POST", path, body, headers)
                 self.guard.done_waiting(ticket)

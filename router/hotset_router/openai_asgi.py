@@ -100,7 +100,7 @@ class OpenAIRoutes:
                     body = await self.guard.read_body(ticket, receive, headers)
                     request = openai_wire.peek(body)
                     model = record.model = request.model
-                    self.guard.wait_cold(ticket, model)
+                    self.guard.for_model(ticket, model)
                     base = self.service.sync.catalog.base_of(model)
                     gone = asyncio.ensure_future(wait_for_disconnect(receive))
                     answer = await self._open(gone, self.router.open_stream(model, "POST", scope["path"], body,

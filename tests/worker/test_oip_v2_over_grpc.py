@@ -170,3 +170,30 @@ def test_a_message_past_the_body_limit_is_resource_exhausted(tmp_path) -> None:
             assert error.status() == "StatusCode.RESOURCE_EXHAUSTED"
             result = client.infer("double", [fp32_input(np.ones(8, dtype=np.float32))])  # within it: served
             np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), np.full(8, 2.0, dtype=np.float32))
+
+
+def test_repository_index_load_and_unload_over_grpc(worker, client) -> None:
+    """tritonclient.grpc's repository calls answer what the HTTP routes answer: the index with each
+    model's state, a load that makes the model ready, an unload that takes it out."""
+    client.unload_model("double", headers=AUTH)
+    index = {m.name: m.state for m in client.get_model_repository_index(headers=AUTH).models}
+    assert index["double"] == "UNAVAILABLE" and set(index) >= {"double", "slow", "late"}
+    client.load_model("double", headers=AUTH)
+    assert client.is_model_ready("double", headers=AUTH)
+    ready = [m.name for m in stub_index(worker[1], ready=True)]
+    assert "double" in ready and "late" not in ready
+    client.unload_model("double", headers=AUTH)
+    assert not client.is_model_ready("double", headers=AUTH)
+
+    unknown = refusal(lambda: client.load_model("nope", headers=AUTH))
+    assert unknown.status() == "StatusCode.NOT_FOUND" and "'nope'" in unknown.message()
+    assert refusal(lambda: client.get_model_repository_index()).status() == "StatusCode.UNAUTHENTICATED"
+    assert refusal(lambda: client.load_model("double")).status() == "StatusCode.UNAUTHENTICATED"
+
+
+
+def stub_index(address: str, ready: bool) -> list:
+    """The index as the raw stub asks for it (tritonclient's call has no ``ready`` flag)."""
+    with grpc.insecure_channel(address) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        return list(stub.RepositoryIndex(pb.RepositoryIndexRequest(ready=ready), metadata=tuple(AUTH.items()), timeout=30).models)

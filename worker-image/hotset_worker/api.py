@@ -49,6 +49,7 @@ from fastapi.responses import JSONResponse
 
 from hotset_common import errors, http, wire
 from hotset_worker import codec, grpc_api, openai_routes, status_report
+from hotset_worker.repository import repository_entries
 from hotset_worker.backends import Backends
 from hotset_worker.dataplane import OFF_LOOP_BYTES, DataPlane
 from hotset_worker.limits import DEFAULT_MAX_QUEUE as DEFAULT_MAX_MODEL_QUEUE, ModelLimiter
@@ -338,31 +339,6 @@ def parse_header_length(value: str | None) -> int | None:
     if not value.strip().isdigit():
         raise errors.BadInput(f"{codec.HEADER_LENGTH} must be a byte count, got {errors.excerpt(value)}")
     return int(value)
-
-
-_INDEX_STATES = {
-    wire.CopyState.READY: "READY",
-    wire.CopyState.LOADING: "LOADING",
-    wire.CopyState.UNLOADING: "UNLOADING",
-}
-
-
-def repository_entries(manager: ModelManager) -> list[dict[str, str]]:
-    """Triton-shaped index: every model in the store with its state and, after a failure, why."""
-    views = {view.model_id: view for view in manager.snapshot()}
-    failures = manager.failures()
-    entries = []
-    listed = manager.store.list()
-    for spec in listed:
-        view = views.pop(spec.id, None)
-        if view is not None:
-            state, reason = _INDEX_STATES[view.state], ""
-        else:
-            state, reason = "UNAVAILABLE", failures.get(spec.id, "unloaded")
-        entries.append({"name": spec.id, "version": spec.version, "state": state, "reason": reason})
-    for view in views.values():  # still in memory, but no longer in the store
-        entries.append({"name": view.model_id, "version": "", "state": _INDEX_STATES[view.state], "reason": "not in the model store"})
-    return entries
 
 
 def _framework_of(manager: ModelManager, model_id: str) -> str:

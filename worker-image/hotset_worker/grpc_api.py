@@ -8,10 +8,11 @@ encoding are gRPC's own (grpc_codec.py). Choices worth knowing:
 - served in the worker's process and event loop (``grpc.aio``), on a port of
   its own (``hotset_common.grpc_wire.DEFAULT_PORT``; ``--grpc-port``), started
   and stopped with the HTTP app's lifespan;
-- ServerLive, ServerReady, ServerMetadata, ModelReady, ModelMetadata and
-  ModelInfer; the rest of the service (repository, statistics, shared
-  memory, trace) answers UNIMPLEMENTED: the HTTP API has what the router and
-  the operator need of them;
+- ServerLive, ServerReady, ServerMetadata, ModelReady, ModelMetadata,
+  ModelInfer, and the repository calls (RepositoryIndex, RepositoryModelLoad,
+  RepositoryModelUnload: the HTTP API's ``/v2/repository`` routes, the same
+  index, a load within the call's deadline); the rest (statistics, shared
+  memory, trace) answers UNIMPLEMENTED;
 - errors: the HotsetError the HTTP API would answer, with the same message,
   as the gRPC code of its status (``grpc_wire.code_for``), ``retry-after``
   and ``hotset-status`` in the trailing metadata;
@@ -38,6 +39,7 @@ from hotset_common import errors, grpc_wire, http, wire
 from hotset_worker import grpc_codec
 from hotset_worker.dataplane import DataPlane
 from hotset_worker.manager import RequestTiming
+from hotset_worker.repository import repository_entries
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +102,33 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             context.set_trailing_metadata(((wire.SERVER_TIMING_HEADER, timing.header()),
                                            (wire.VERSION_HEADER, timing.version)))
             return reply
+
+        return await self._answer(context, answer)
+
+    async def RepositoryIndex(self, request: pb.RepositoryIndexRequest,
+                              context: grpc.aio.ServicerContext) -> pb.RepositoryIndexResponse:
+        async def answer(_: dict[str, str]) -> pb.RepositoryIndexResponse:
+            entries = repository_entries(self.dataplane.manager)
+            return pb.RepositoryIndexResponse(models=[
+                pb.RepositoryIndexResponse.ModelIndex(**entry) for entry in entries
+                if not request.ready or entry["state"] == "READY"])
+
+        return await self._answer(context, answer)
+
+    async def RepositoryModelLoad(self, request: pb.RepositoryModelLoadRequest,
+                                  context: grpc.aio.ServicerContext) -> pb.RepositoryModelLoadResponse:
+        async def answer(headers: dict[str, str]) -> pb.RepositoryModelLoadResponse:
+            # parameters (config overrides) are not supported, as over HTTP: a ServedModel configures its model
+            await self.dataplane.manager.load(request.model_name, grpc_wire.timeout_of(context.time_remaining(), headers))
+            return pb.RepositoryModelLoadResponse()
+
+        return await self._answer(context, answer)
+
+    async def RepositoryModelUnload(self, request: pb.RepositoryModelUnloadRequest,
+                                    context: grpc.aio.ServicerContext) -> pb.RepositoryModelUnloadResponse:
+        async def answer(_: dict[str, str]) -> pb.RepositoryModelUnloadResponse:
+            await self.dataplane.manager.unload(request.model_name)
+            return pb.RepositoryModelUnloadResponse()
 
         return await self._answer(context, answer)
 

@@ -18,8 +18,10 @@
 - Streams (the OpenAI routes) take the same path and return as soon as the
   answer starts; the copy counts the request until the caller closes it.
 - Before anything else, the caller is checked (callers.py), then its
-  namespace's request rate (rates.py): a request refused by either loads,
-  places and wakes nothing.
+  namespace's request rate (rates.py), then its namespace's share of the
+  router's request slots (the caller's ``on_admitted``: flood.py): a request
+  refused by any of them loads, places and wakes nothing, and one refused for
+  its caller never counts against the namespace it named.
 """
 from __future__ import annotations
 
@@ -60,6 +62,13 @@ class Reply(Protocol):
 # One attempt at a pod: (its url, the headers to send, the time it has) -> its answer; PodUnreachable
 # when it did not answer at all.
 Send = Callable[[str, Mapping[str, str], float], Awaitable[Whole]]
+# What a request must still pass once its caller and rate are checked (the flood guard's
+# namespace share: flood.FloodGuard.for_model); it raises to refuse.
+OnAdmitted = Callable[[], None]
+
+
+def nothing_more() -> None:
+    """The OnAdmitted of a request with nothing more to pass (metadata, the router's own calls)."""
 
 
 class Forwarder:
@@ -82,22 +91,26 @@ class Forwarder:
         return self._client()
 
     async def forward(self, model: str, method: str, path: str, body: bytes, headers: Mapping[str, str],
-                      load: bool = True) -> UpstreamResponse:
+                      load: bool = True, on_admitted: OnAdmitted = nothing_more) -> UpstreamResponse:
         """Send an HTTP request for `model` to a copy within its deadline, retrying once elsewhere on failure.
         `load=False` (metadata): never place a copy; any pod that can load the model answers from its store."""
         async def send(url: str, sent: Mapping[str, str], timeout_s: float) -> UpstreamResponse:
             return await self.client.forward(url, method, path, body, sent, timeout_s=timeout_s)
 
-        return await self.forward_with(model, headers, send, load, versioned="/versions/" in path)
+        return await self.forward_with(model, headers, send, load, versioned="/versions/" in path,
+                                       on_admitted=on_admitted)
 
     async def forward_with(self, model: str, headers: Mapping[str, str], send: Send[Whole], load: bool = True,
-                           versioned: bool = False) -> Whole:
+                           versioned: bool = False, on_admitted: OnAdmitted = nothing_more) -> Whole:
         """``forward`` for any wire format: `send(url, headers, timeout_s)` makes one attempt at a pod
         (HTTP, or gRPC: grpc_upstream.py) and answers with its status sorted as HTTP's, so every
         protocol gets the same targets, canary split, pod wait, retry and in-flight counts. A request
-        that names a version (`versioned`) gets that version, never a canary."""
+        that names a version (`versioned`) gets that version, never a canary. `on_admitted` runs once
+        the caller and its rate are checked (the flood guard's namespace share: a request refused
+        for its caller never counts against the namespace it named)."""
         deadline = self.deadlines.deadline(headers)
         headers = self._admitted(headers, await self.callers.check(headers, model))
+        on_admitted()
 
         async def attempts() -> Whole:
             chosen, sent = model, headers
@@ -124,13 +137,14 @@ class Forwarder:
         return headers
 
     async def open_stream(self, model: str, method: str, path: str, body: bytes, headers: Mapping[str, str],
-                          prefix: str = "", base: str = "") -> UpstreamStream:
+                          prefix: str = "", base: str = "", on_admitted: OnAdmitted = nothing_more) -> UpstreamStream:
         """``forward`` for answers that stream: the same targets (``Targets.stream_target``), but the
         answer is returned as soon as it starts, for the caller to pass on chunk by chunk and close.
         A pod that fails, or answers 5xx, before its answer starts costs one retry elsewhere; once an
-        answer streams, it is the answer."""
+        answer streams, it is the answer. `on_admitted`: as for ``forward_with``."""
         deadline = self.deadlines.deadline(headers)
         headers = self._admitted(headers, await self.callers.check(headers, model))
+        on_admitted()
 
         async def send() -> UpstreamStream:
             chosen, sent = self.targets.with_variant(model, headers)  # the canary split, as for whole answers

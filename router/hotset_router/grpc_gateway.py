@@ -32,6 +32,7 @@ import grpc
 from hotset_common import errors, grpc_wire, wire
 from hotset_router import protowire
 from hotset_router.flood import FloodGuard
+from hotset_router.forwarding import nothing_more
 from hotset_router.grpc_upstream import GrpcAnswer, GrpcWorkerClient
 from hotset_router.inference_asgi import metric_label
 from hotset_router.request_record import RequestRecord
@@ -102,13 +103,13 @@ class GrpcGateway:
                 ticket = record.ticket = self.guard.admit_whole(len(request)) if load else None
                 model, version = _model_of(request)
                 record.model = model
-                if ticket is not None:
-                    self.guard.for_model(ticket, model)
 
                 async def send(url: str, sent: dict[str, str], timeout_s: float) -> GrpcAnswer:
                     return await self.client.call(url, method, request, sent, timeout_s)
 
-                answer = await self.router.forwarding.forward_with(model, headers, send, load, versioned=bool(version))
+                answer = await self.router.forwarding.forward_with(
+                    model, headers, send, load, versioned=bool(version),
+                    on_admitted=(lambda: self.guard.for_model(ticket, model)) if ticket is not None else nothing_more)
                 if ticket is not None:
                     self.guard.done_waiting(ticket)
                 record.code = answer.status_code

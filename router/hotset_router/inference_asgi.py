@@ -111,9 +111,9 @@ class InferenceRoutes:
                                                                             limit))
                 else:
                     wire.requested_model(model)
-                self.guard.for_model(ticket, model)
                 path = scope.get("raw_path", b"").decode("latin-1") or scope["path"]
-                upstream: UpstreamResponse = await self.router.forward(model, "POST", path, body, headers)
+                upstream: UpstreamResponse = await self.router.forward(
+                    model, "POST", path, body, headers, on_admitted=lambda: self.guard.for_model(ticket, model))
                 self.guard.done_waiting(ticket)
                 record.code = upstream.status_code
                 passed = {k: v for k, v in upstream.headers.items() if k.lower() in PASSED_RESPONSE_HEADERS}

@@ -100,11 +100,11 @@ class OpenAIRoutes:
                     body = await self.guard.read_body(ticket, receive, headers)
                     request = openai_wire.peek(body)
                     model = record.model = request.model
-                    self.guard.for_model(ticket, model)
                     base = self.service.sync.catalog.base_of(model)
                     gone = asyncio.ensure_future(wait_for_disconnect(receive))
                     answer = await self._open(gone, self.router.open_stream(model, "POST", scope["path"], body,
-                                                                             headers, prefix=request.prefix, base=base))
+                                                                             headers, prefix=request.prefix, base=base,
+                                                                             on_admitted=lambda: self.guard.for_model(ticket, model)))
                     self.guard.done_waiting(ticket)
                 except errors.HotsetError as exc:
                     record.code, payload = openai_wire.body_of_error(exc)

@@ -24,7 +24,7 @@ from typing import Callable, Iterable, Mapping
 from hotset_router import placement
 from hotset_router.copy_loop import DEFAULT_CHUNK, CopyLoop
 from hotset_router.deadlines import Deadlines
-from hotset_router.forwarding import Forwarder
+from hotset_router.forwarding import Forwarder, OnAdmitted, nothing_more
 from hotset_router.loads import Loads
 from hotset_router.model_map import ModelMap
 from hotset_router.pod_waiter import PodWaiter
@@ -75,12 +75,12 @@ class Router:
     # --- the request side ---------------------------------------------------------------
 
     async def forward(self, model: str, method: str, path: str, body: bytes, headers: Mapping[str, str],
-                      load: bool = True) -> UpstreamResponse:
-        return await self.forwarding.forward(model, method, path, body, headers, load)
+                      load: bool = True, on_admitted: OnAdmitted = nothing_more) -> UpstreamResponse:
+        return await self.forwarding.forward(model, method, path, body, headers, load, on_admitted)
 
     async def open_stream(self, model: str, method: str, path: str, body: bytes, headers: Mapping[str, str],
-                          prefix: str = "", base: str = "") -> UpstreamStream:
-        return await self.forwarding.open_stream(model, method, path, body, headers, prefix, base)
+                          prefix: str = "", base: str = "", on_admitted: OnAdmitted = nothing_more) -> UpstreamStream:
+        return await self.forwarding.open_stream(model, method, path, body, headers, prefix, base, on_admitted)
 
     @property
     def pod_waiter(self) -> PodWaiter | None:

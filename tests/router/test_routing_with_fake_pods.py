@@ -12,6 +12,7 @@ import pytest
 
 from hotset_common import errors
 from hotset_common.wire import CatalogEntry, CopyState, ModelCopy, WorkerStatus
+from hotset_router.callers import ANONYMOUS
 from hotset_router.discovery import StaticDiscovery
 from hotset_router.model_map import ModelMap
 from hotset_router.placement import PlacementSettings
@@ -371,3 +372,26 @@ async def test_a_load_is_served_without_polling_even_when_an_older_report_lands_
     slow.release.set()
     await stale
     assert model_map.ready_copies("a") == ["http://p1"]  # the stale report did not erase the copy
+
+
+class RefusingCallers:
+    """Stands in for callers.Callers: every caller is refused (as a token that fails review is)."""
+
+    async def check(self, headers, model):
+        raise errors.Unauthorized("a token that does not authenticate")
+
+
+async def test_a_caller_refused_never_reaches_its_namespace_share_and_an_admitted_one_does_before_any_pod():
+    pod = FakePod("http://p1", 1000 * MiB, CATALOG)
+    router, _, _ = build([pod])
+    await router.sync.refresh_all()
+    steps: list[str] = []
+    router.forwarding.callers = RefusingCallers()  # type: ignore[assignment]
+    with pytest.raises(errors.Unauthorized):
+        await router.forward("a", "POST", "/predict", predict_body("a"), {}, on_admitted=lambda: steps.append("share"))
+    assert steps == [] and pod.loads == []  # the flood guard's namespace share never counted it
+
+    router.forwarding.callers = ANONYMOUS
+    answer = await router.forward("a", "POST", "/predict", predict_body("a"), {},
+                                  on_admitted=lambda: steps.append(f"share before {len(pod.served)} served"))
+    assert answer.status_code == 200 and steps == ["share before 0 served"]

@@ -23,10 +23,9 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from hotset_common import errors, http, wire
+from hotset_common import errors, wire
 from hotset_common.http import error_body, install_error_handler
 from hotset_common.spec import DEFAULT_SERVING_WEIGHT
-from hotset_common.wire import CopyState
 from hotset_router import grpc_gateway
 from hotset_router.flood import FloodGuard, Limits
 from hotset_router.grpc_gateway import GrpcGateway
@@ -34,6 +33,7 @@ from hotset_router.grpc_upstream import GrpcWorkerClient
 from hotset_router.inference_asgi import InferenceRoutes, metric_label
 from hotset_router.namespaced_paths import NamespacedPaths
 from hotset_router.openai_asgi import OpenAIRoutes
+from hotset_router.repository import check_admin, index_rows, models_report
 from hotset_router.service import RouterService
 from hotset_router.upstream import PASSED_RESPONSE_HEADERS, UpstreamResponse
 
@@ -41,13 +41,6 @@ SERVER_NAME = "hotset-router"
 DEFAULT_MAX_BODY_BYTES = 64 * 2**20
 
 
-Forbidden = errors.Forbidden
-
-
-def check_admin(request: Request, admin_token: str | None) -> None:
-    if not admin_token:
-        raise Forbidden("load and unload are disabled on this router: start it with --admin-token to allow them")
-    http.check_bearer(request.headers, admin_token, "load and unload (the admin token)")
 
 
 # The two routes inference_asgi serves in front of this app, described here for clients and the
@@ -72,23 +65,6 @@ def passed_response(upstream: UpstreamResponse) -> Response:
     return Response(content=upstream.content, status_code=upstream.status_code, headers=headers)
 
 
-async def models_report(service: RouterService, headers: Any) -> wire.RouterModelsResponse:
-    """``GET /models``: the seed's ``{id: metadata}`` and ``{id: name}`` for the cluster (the models
-    this request may see: callers.py), plus where each model's copies live."""
-    model_map = service.model_map
-    shown = set(await service.callers.visible(headers, model_map.known_models()))
-    copies: dict[str, list[wire.CopyLocation]] = {}
-    for pod in model_map.pods():
-        for copy in pod.copies.values():
-            if copy.model in shown:
-                copies.setdefault(copy.model, []).append(
-                    wire.CopyLocation(pod=pod.name, url=pod.url, state=copy.state.value, bytes=copy.bytes))
-    available = {model: service.sync.catalog.metadata(model) for model in sorted(shown)}
-    loaded = {model: available[model].name if model in available else model
-              for model, located in sorted(copies.items()) if any(c.state == CopyState.READY.value for c in located)}
-    return wire.RouterModelsResponse(available_models=available, loaded_models=loaded, copies=copies)
-
-
 def create_app(service: RouterService, admin_token: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                limits: Limits | None = None, grpc_address: str | None = None) -> NamespacedPaths:
     """The gateway: the inference routes in plain ASGI (openai_asgi.py, inference_asgi.py) in front of a
@@ -110,7 +86,7 @@ def create_app(service: RouterService, admin_token: str | None = None, max_body_
 
     async def start_grpc() -> grpc.aio.Server:
         assert grpc_address is not None
-        server, port = grpc_gateway.create_server(GrpcGateway(service, guard, grpc_client), grpc_address,
+        server, port = grpc_gateway.create_server(GrpcGateway(service, guard, grpc_client, admin_token), grpc_address,
                                                   max_body_bytes)
         await server.start()
         logging.getLogger(__name__).info("OIP v2 over gRPC on port %d", port)
@@ -178,23 +154,17 @@ def create_app(service: RouterService, admin_token: str | None = None, max_body_
 
     @app.post("/v2/repository/index")
     async def repository_index(request: Request) -> list[dict[str, Any]]:
-        report = await models_report(service, request.headers)
-        rows = []
-        for model in report.available_models:
-            copies = report.copies.get(model, [])
-            state = "READY" if model in report.loaded_models else ("LOADING" if copies else "UNAVAILABLE")
-            rows.append({"name": model, "state": state, "reason": "", "pods": [c.pod for c in copies if c.state == "READY"]})
-        return rows
+        return index_rows(await models_report(service, request.headers))
 
     @app.post("/v2/repository/models/{name}/load")
     async def load(name: str, request: Request) -> dict[str, Any]:
-        check_admin(request, admin_token)
+        check_admin(request.headers, admin_token)
         urls = await router.ensure_ready_copies(name)
         return {"model": name, "pods": [service.model_map.pod(u).name for u in urls if service.model_map.pod(u)]}
 
     @app.post("/v2/repository/models/{name}/unload")
     async def unload(name: str, request: Request) -> dict[str, Any]:
-        check_admin(request, admin_token)
+        check_admin(request.headers, admin_token)
         return {"model": name, "unloaded_from": await router.unload_everywhere(name)}
 
     @app.post("/predict", openapi_extra=_body(_PREDICT_SCHEMA), summary="Seed inference (served by inference_asgi)")

@@ -16,11 +16,15 @@ KServe's generated clients), on a port of its own:
 - errors carry the HTTP API's message as the gRPC code of its status
   (``grpc_wire.code_for``), with ``retry-after`` in the trailing metadata
   when there is one; a worker's error passes through as it came;
-- the rest of the service (repository, statistics, shared memory, trace)
-  answers UNIMPLEMENTED, as grpc does for a method no handler has.
+- RepositoryIndex, RepositoryModelLoad and RepositoryModelUnload are the
+  HTTP ``/v2/repository`` routes (repository.py): the models this caller may
+  see; load and unload with the admin token (``authorization: Bearer``
+  metadata), placing or dropping copies cluster-wide;
+- the rest of the service (statistics, shared memory, trace) answers
+  UNIMPLEMENTED, as grpc does for a method no handler has.
 
-Like the HTTP inference routes, these calls need no token (load and unload,
-which do, are HTTP only); the router adds the worker token on its way to a pod.
+Like the HTTP inference routes, the other calls need no token of the router's
+own; the router adds the worker token on its way to a pod.
 """
 from __future__ import annotations
 
@@ -35,6 +39,7 @@ from hotset_router.flood import FloodGuard
 from hotset_router.forwarding import nothing_more
 from hotset_router.grpc_upstream import GrpcAnswer, GrpcWorkerClient
 from hotset_router.inference_asgi import metric_label
+from hotset_router.repository import check_admin, index_rows, models_report
 from hotset_router.request_record import RequestRecord
 from hotset_router.service import RouterService
 
@@ -47,8 +52,10 @@ Handler = Callable[[bytes, grpc.aio.ServicerContext], Awaitable[bytes]]
 class GrpcGateway:
     """The service's calls, each onto the router's one request path."""
 
-    def __init__(self, service: RouterService, guard: FloodGuard, client: GrpcWorkerClient) -> None:
+    def __init__(self, service: RouterService, guard: FloodGuard, client: GrpcWorkerClient,
+                 admin_token: str | None = None) -> None:
         self.service = service
+        self.admin_token = admin_token
         self.router = service.router
         self.guard = guard
         self.client = client
@@ -59,6 +66,8 @@ class GrpcGateway:
         methods: dict[str, Handler] = {
             "ServerLive": self.server_live, "ServerReady": self.server_ready, "ServerMetadata": self.server_metadata,
             "ModelReady": self.model_ready, "ModelMetadata": self.model_metadata, "ModelInfer": self.model_infer,
+            "RepositoryIndex": self.repository_index, "RepositoryModelLoad": self.repository_model_load,
+            "RepositoryModelUnload": self.repository_model_unload,
         }
         return grpc.method_handlers_generic_handler(
             grpc_wire.SERVICE, {name: grpc.unary_unary_rpc_method_handler(method) for name, method in methods.items()})
@@ -83,6 +92,44 @@ class GrpcGateway:
         except errors.HotsetError as exc:
             await _abort(context, exc)
             raise
+
+    async def repository_index(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        """RepositoryIndexRequest {repository_name = 1, ready = 2} -> RepositoryIndexResponse {models = 1}."""
+        try:
+            ready_only = protowire.flag(request, 2)
+            rows = index_rows(await models_report(self.service, grpc_wire.headers_of(context.invocation_metadata())))
+        except errors.HotsetError as exc:
+            await _abort(context, exc)
+            raise
+        return b"".join(protowire.message(1, protowire.string(1, row["name"]) + protowire.string(3, row["state"]))
+                        for row in rows if not ready_only or row["state"] == "READY")
+
+    async def repository_model_load(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        """RepositoryModelLoadRequest {repository_name = 1, model_name = 2}: ready copies as the HTTP load makes them."""
+        try:
+            model = self._admin_call(request, context)
+            await self.router.ensure_ready_copies(model)
+        except errors.HotsetError as exc:
+            await _abort(context, exc)
+            raise
+        return b""
+
+    async def repository_model_unload(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        """RepositoryModelUnloadRequest {repository_name = 1, model_name = 2}: the model's copies dropped everywhere."""
+        try:
+            await self.router.unload_everywhere(self._admin_call(request, context))
+        except errors.HotsetError as exc:
+            await _abort(context, exc)
+            raise
+        return b""
+
+    def _admin_call(self, request: bytes, context: grpc.aio.ServicerContext) -> str:
+        """The model a load or unload names, once its caller has shown the admin token."""
+        check_admin(grpc_wire.headers_of(context.invocation_metadata()), self.admin_token)
+        name = protowire.strings(request, (2,)).get(2, "")
+        if not name:
+            raise errors.InvalidRequest("the request names no model (its model_name is empty)")
+        return wire.requested_model(name)
 
     # ----- forwarded to a worker ---------------------------------------------------------
 

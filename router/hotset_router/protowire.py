@@ -28,30 +28,51 @@ def _varint(data: bytes, offset: int) -> tuple[int, int]:
         shift += 7
 
 
-def strings(data: bytes, numbers: tuple[int, ...]) -> dict[int, str]:
-    """The string fields `numbers` of a top-level message (the last occurrence wins, as in protobuf);
-    400 for bytes that are not a protobuf message or a field that is not UTF-8."""
-    found: dict[int, str] = {}
+def _fields(data: bytes):
+    """(number, wire type, value) of each top-level field: an int for varints, a memoryview slice
+    for length-delimited fields, None for fixed ones (skipped); 400 for bytes that are not a message."""
+    view = memoryview(data)
     offset = 0
     while offset < len(data):
         key, offset = _varint(data, offset)
         number, kind = key >> 3, key & 7
         if kind == VARINT:
-            _, offset = _varint(data, offset)
+            value, offset = _varint(data, offset)
+            yield number, kind, value
         elif kind in (FIXED64, FIXED32):
             offset += 8 if kind == FIXED64 else 4
+            yield number, kind, None
         elif kind == LENGTH:
             length, offset = _varint(data, offset)
-            if number in numbers:
-                try:
-                    found[number] = data[offset:offset + length].decode()
-                except UnicodeDecodeError:
-                    raise errors.BadInput(f"field {number} of the request is not UTF-8 text") from None
+            if offset + length > len(data):
+                raise errors.BadInput("the request is not a valid protobuf message (a field runs past its end)")
+            yield number, kind, view[offset:offset + length]
             offset += length
         else:
             raise errors.BadInput(f"the request is not a valid protobuf message (wire type {kind})")
         if offset > len(data):
             raise errors.BadInput("the request is not a valid protobuf message (a field runs past its end)")
+
+
+def strings(data: bytes, numbers: tuple[int, ...]) -> dict[int, str]:
+    """The string fields `numbers` of a top-level message (the last occurrence wins, as in protobuf);
+    400 for bytes that are not a protobuf message or a field that is not UTF-8."""
+    found: dict[int, str] = {}
+    for number, kind, value in _fields(data):
+        if kind == LENGTH and number in numbers:
+            try:
+                found[number] = bytes(value).decode()
+            except UnicodeDecodeError:
+                raise errors.BadInput(f"field {number} of the request is not UTF-8 text") from None
+    return found
+
+
+def flag(data: bytes, number: int) -> bool:
+    """The bool field `number` of a top-level message (false when absent, as in protobuf)."""
+    found = False
+    for field, kind, value in _fields(data):
+        if field == number and kind == VARINT:
+            found = bool(value)
     return found
 
 
@@ -76,3 +97,8 @@ def string(number: int, value: str) -> bytes:
     """One string field (nothing for the empty string, protobuf's default)."""
     raw = value.encode()
     return _encode_varint(number << 3 | LENGTH) + _encode_varint(len(raw)) + raw if raw else b""
+
+
+def message(number: int, raw: bytes) -> bytes:
+    """One embedded message field (`raw`: the message's bytes), present even when empty."""
+    return _encode_varint(number << 3 | LENGTH) + _encode_varint(len(raw)) + raw

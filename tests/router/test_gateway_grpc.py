@@ -164,3 +164,31 @@ def test_pods_that_serve_no_grpc_are_passed_over_and_keep_their_copies(procs, tm
     assert {m for m, c in pods["without-grpc"]["copies"].items() if c["state"] == "READY"} == {"a", "b"}
     for model in ("a", "b"):
         assert httpx.post(f"{router.url}/predict", json={"model_id": model, "input_data": [1.0]}, timeout=30).status_code == 200
+
+
+def test_repository_calls_through_the_router_load_and_unload_with_the_admin_token(procs, tmp_path) -> None:
+    """tritonclient.grpc's repository calls on the router: the index of the cluster's models, a load
+    that places a ready copy and an unload that drops them, with the admin token; without it, refused."""
+    store = write_ballast_store(tmp_path, {"a": {"mib": 4}, "b": {"mib": 4}})
+    worker = procs.worker("repo-worker", store, "100Mi", extra=["--grpc-port", "0"])
+    port = free_port()
+    router = procs.router([worker], args=["--grpc-port", str(port), "--admin-token", "grpc-admin"])
+    admin = {"authorization": "Bearer grpc-admin"}
+    with grpc_client(f"127.0.0.1:{port}") as client:
+        wait_for(lambda: {m.name for m in client.get_model_repository_index().models} == {"a", "b"}, "the catalog")
+        assert {m.name: m.state for m in client.get_model_repository_index().models} == {
+            "a": "UNAVAILABLE", "b": "UNAVAILABLE"}
+        assert refusal(lambda: client.load_model("a")).status() == "StatusCode.UNAUTHENTICATED"
+        assert refusal(lambda: client.load_model("a", headers={"authorization": "Bearer wrong"})).status() \
+            == "StatusCode.UNAUTHENTICATED"
+        assert copies(router.url, "a") == []  # a refused load placed nothing
+        client.load_model("a", headers=admin)
+        assert copies(router.url, "a") == ["repo-worker"]
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+            ready = stub.RepositoryIndex(pb.RepositoryIndexRequest(ready=True), timeout=30).models
+        assert [(m.name, m.state) for m in ready] == [("a", "READY")]
+        unknown = refusal(lambda: client.load_model("nope", headers=admin))
+        assert unknown.status() == "StatusCode.NOT_FOUND" and "nope" in unknown.message()
+        client.unload_model("a", headers=admin)
+        wait_for(lambda: copies(router.url, "a") == [], "the copy dropped")

@@ -38,6 +38,7 @@ APPROVAL_SUBRESOURCE = "approval"  # the RBAC subresource of servedmodels whose 
 POD_DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 
 PROJECT = "hotset"
+OPERATOR_MANAGER = "hotset-operator"  # the managed-by value of what the operator makes
 WORKER = "worker"
 OPERATOR = "operator"
 SHARED_POOL = "shared"

@@ -178,7 +178,8 @@ def create_app(service: RouterService, admin_token: str | None = None, max_body_
 
     @app.get("/metrics")
     async def prometheus() -> Response:
-        metrics.before_scrape(pods=len(service.model_map.pods()))
+        unowned = getattr(service.discovery, "unowned_pods", None)  # cluster mode only
+        metrics.before_scrape(pods=len(service.model_map.pods()), unowned_pods=unowned() if unowned else 0)
         # On a thread: thousands of bounded per-model series still take long to render, and the
         # event loop carries every request.
         body = await asyncio.to_thread(generate_latest, metrics.registry)

@@ -3,7 +3,9 @@
 Standalone: a fixed list of worker URLs and, optionally, the model store JSON
 the workers read. Cluster: the Kubernetes API, watched with the kubernetes
 client's ``watch.Watch`` (worker pods by label selector, ready condition and
-pod IP; ServedModel objects; ModelQuotas, for each namespace's request rate,
+pod IP, counted only when one of the operator's Deployments owns them:
+hotset_common.worker_ownership, from watches of the worker-labelled
+ReplicaSets and the operator's Deployments; ServedModel objects; ModelQuotas, for each namespace's request rate,
 ``rate_of(namespace)``, and weight, ``weight_of(namespace)``), in one namespace, a list of them, or all. Both
 expose the same small interface to the rest of the router: ``urls()``,
 ``node_of(url)``, ``spec_of(model)``, ``draining(url)``, and
@@ -30,7 +32,9 @@ from typing import Any, Callable, Iterable, Protocol, Sequence
 
 from hotset_common import labels, model_store
 from hotset_common import spec as spec_module
+from hotset_common import worker_ownership as ownership
 from hotset_common.spec import DEFAULT_SERVING_WEIGHT, ModelSpec, RequestRate, ServingTerms
+from hotset_common.worker_ownership import PodClaim, WorkerTrust
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +106,14 @@ class _Pod:
     draining: bool  # the operator's drain annotation: no new copies, requests move off
 
 
+def pod_claim(pod: Any) -> PodClaim:
+    """Who a kubernetes-client V1Pod says made it (its controller ownerReference) and its labels."""
+    meta = pod.metadata
+    refs = [{"kind": r.kind, "name": r.name, "uid": r.uid, "controller": r.controller}
+            for r in meta.owner_references or ()]
+    return PodClaim.of({"ownerReferences": refs, "labels": meta.labels or {}})
+
+
 @dataclass(frozen=True)
 class _Model:
     spec: ModelSpec
@@ -121,11 +133,13 @@ class KubeDiscovery:
     `namespaces`: where to watch (default: `namespace` alone; ``["*"]``: every namespace). Model
     names are what clients send, so they are one namespace across the watched ones: where two
     ServedModels share a name, the one the operator accepted wins (the operator refuses the later).
+    `trust`: OWNED (the default) counts a labelled pod only when one of the operator's Deployments
+    owns it; LABELLED counts every labelled pod (workers the operator did not make, test stand-ins).
     """
 
     def __init__(self, namespace: str, label_selector: str, worker_port: int, api_client: Any = None,
                  namespaces: Sequence[str] | None = None, watch_timeout_s: float = 300.0,
-                 request_timeout_s: float = 30.0) -> None:
+                 request_timeout_s: float = 30.0, trust: WorkerTrust = WorkerTrust.OWNED) -> None:
         from kubernetes import client  # imported here: standalone mode needs no kubernetes package
 
         self.namespace = namespace
@@ -134,11 +148,17 @@ class KubeDiscovery:
         self.worker_port = worker_port
         self.watch_timeout_s = watch_timeout_s
         self.request_timeout_s = request_timeout_s
+        self.trust = trust
         self._core = client.CoreV1Api(api_client)
+        self._apps = client.AppsV1Api(api_client)
         self._custom = client.CustomObjectsApi(api_client)
         self._lock = threading.Lock()
         # Replaced whole (copy on write) under the lock; readers use the reference they got.
-        self._pods: dict[tuple[str, str], _Pod] = {}  # (namespace, pod name) -> where and what
+        self._candidates: dict[tuple[str, str], tuple[_Pod, PodClaim]] = {}  # every ready labelled pod
+        self._replica_sets: dict[tuple[str, str], ownership.ReplicaSetEntry] = {}  # worker-labelled ones
+        self._deployments: dict[tuple[str, str], str] = {}  # the operator's Deployments -> uid
+        self._refused: dict[tuple[str, str], str] = {}  # labelled pods not counted -> why (logged once)
+        self._pods: dict[tuple[str, str], _Pod] = {}  # (namespace, pod name) -> where and what: the workers
         self._models: dict[tuple[str, str], _Model] = {}  # (namespace, model name) -> spec
         self._by_url: dict[str, _Pod] = {}  # the same pods by URL
         self._by_name: dict[str, dict[str, _Model]] = {}  # model name -> namespace -> its ServedModel
@@ -204,8 +224,30 @@ class KubeDiscovery:
             changed, self._changed_specs = self._changed_specs, set()
         return changed
 
-    def _set_pods(self, pods: dict[tuple[str, str], _Pod]) -> None:
-        """Swap in a new pod table and its index (under the lock; readers keep the one they got)."""
+    def unowned_pods(self) -> int:
+        """Ready pods with the worker labels that no Deployment of the operator owns: sent nothing."""
+        return len(self._refused)
+
+    def _why_not_trusted(self, key: tuple[str, str], claim: PodClaim) -> str:
+        if self.trust == WorkerTrust.LABELLED:
+            return ""
+        return ownership.why_not_owned(key[0], claim, self._replica_sets, self._deployments)
+
+    def _set_candidates(self, candidates: dict[tuple[str, str], tuple[_Pod, PodClaim]]) -> None:
+        """Swap in the labelled pods and, from them and the owners known, the worker table and its
+        index (under the lock; readers keep the one they got). Called on a pod's change and on a
+        ReplicaSet's or Deployment's: pods seen before their owners are counted once those arrive."""
+        pods: dict[tuple[str, str], _Pod] = {}
+        refused: dict[tuple[str, str], str] = {}
+        for key, (pod, claim) in candidates.items():
+            why = self._why_not_trusted(key, claim)
+            if why:
+                refused[key] = why
+            else:
+                pods[key] = pod
+        for key in refused.keys() - self._refused.keys():
+            log.warning("pod %s/%s has the worker labels but is sent nothing: %s", *key, refused[key])
+        self._candidates, self._refused = candidates, refused
         self._pods = pods
         self._by_url = {pod.url: pod for pod in pods.values()}
 
@@ -252,8 +294,11 @@ class KubeDiscovery:
     # --- watches ---------------------------------------------------------------------------
     def start(self) -> None:
         scopes: list[str | None] = [None] if self.all_namespaces else list(self.namespaces)
+        targets = [self._watch_pods, self._watch_served_models, self._watch_quotas]
+        if self.trust == WorkerTrust.OWNED:
+            targets += [self._watch_replica_sets, self._watch_deployments]
         for scope in scopes:
-            for target in (self._watch_pods, self._watch_served_models, self._watch_quotas):
+            for target in targets:
                 thread = threading.Thread(target=self._forever, args=(target, scope), daemon=True,
                                           name=f"{target.__name__}-{scope or 'all'}")
                 thread.start()
@@ -284,12 +329,41 @@ class KubeDiscovery:
         key = (pod.metadata.namespace or self.namespace, pod.metadata.name)
         entry = self._pod_entry(pod) if kind != "DELETED" else None
         with self._lock:
-            pods = dict(self._pods)
+            candidates = dict(self._candidates)
             if entry is None:
-                pods.pop(key, None)
+                candidates.pop(key, None)
             else:
-                pods[key] = entry
-            self._set_pods(pods)
+                candidates[key] = (entry, pod_claim(pod))
+            self._set_candidates(candidates)
+
+    def _owner_body(self, obj: Any) -> dict[str, Any]:
+        """A kubernetes-client object as the API's own JSON (camelCase), which ownership reads."""
+        return self._core.api_client.sanitize_for_serialization(obj)
+
+    def apply_replica_set_event(self, kind: str, replica_set: Any) -> None:
+        body = self._owner_body(replica_set)
+        meta = body.get("metadata") or {}
+        key = (meta.get("namespace") or self.namespace, meta.get("name", ""))
+        with self._lock:
+            found = dict(self._replica_sets)
+            if kind == "DELETED":
+                found.pop(key, None)
+            else:
+                found[key] = ownership.replica_set_entry(body)
+            self._replica_sets = found
+            self._set_candidates(self._candidates)
+
+    def apply_deployment_event(self, kind: str, deployment: Any) -> None:
+        meta = deployment.metadata
+        key = (meta.namespace or self.namespace, meta.name)
+        with self._lock:
+            found = dict(self._deployments)
+            if kind == "DELETED":
+                found.pop(key, None)
+            else:
+                found[key] = meta.uid or ""
+            self._deployments = found
+            self._set_candidates(self._candidates)
 
     def _model_entry(self, body: dict[str, Any]) -> _Model | None:
         meta = body.get("metadata", {})
@@ -331,16 +405,66 @@ class KubeDiscovery:
 
         lister, args = self._pod_lister(scope)
         listing = lister(*args, label_selector=self.label_selector, **self._timeouts())
-        fresh = {(pod.metadata.namespace or self.namespace, pod.metadata.name): entry
+        fresh = {(pod.metadata.namespace or self.namespace, pod.metadata.name): (entry, pod_claim(pod))
                  for pod in listing.items if (entry := self._pod_entry(pod)) is not None}
         with self._lock:  # swapped whole: never empty while the watch restarts
-            self._set_pods({k: v for k, v in self._pods.items() if scope is not None and k[0] != scope} | fresh)
+            self._set_candidates({k: v for k, v in self._candidates.items() if scope is not None and k[0] != scope}
+                                 | fresh)
         w = self._watches[f"pods-{scope or 'all'}"] = watch.Watch()
         for event in w.stream(lister, *args, label_selector=self.label_selector,
                               resource_version=listing.metadata.resource_version, **self._watch_timeouts()):
             self.apply_pod_event(event["type"], event["object"])
             if self._stop.is_set():
                 w.stop()
+
+    def _follow(self, name: str, scope: str | None, lister: Callable[..., Any], args: tuple[Any, ...],
+                selector: str, replace: Callable[[list[Any]], None], apply: Callable[[str, Any], None]) -> None:
+        """List, hand the whole listing to `replace` (under the lock), then watch from its version."""
+        from kubernetes import watch
+
+        listing = lister(*args, label_selector=selector, **self._timeouts())
+        with self._lock:
+            replace(listing.items)
+        w = self._watches[f"{name}-{scope or 'all'}"] = watch.Watch()
+        for event in w.stream(lister, *args, label_selector=selector,
+                              resource_version=listing.metadata.resource_version, **self._watch_timeouts()):
+            apply(event["type"], event["object"])
+            if self._stop.is_set():
+                w.stop()
+
+    def _kept(self, table: dict[tuple[str, str], Any], scope: str | None) -> dict[tuple[str, str], Any]:
+        """What a fresh listing of `scope` does not replace: the other namespaces' entries."""
+        return {k: v for k, v in table.items() if scope is not None and k[0] != scope}
+
+    def _watch_replica_sets(self, scope: str | None) -> None:
+        """The worker-labelled ReplicaSets (a Deployment's ReplicaSets carry its pod template's labels)."""
+        lister, args = ((self._apps.list_replica_set_for_all_namespaces, ()) if scope is None else
+                        (self._apps.list_namespaced_replica_set, (scope,)))
+
+        def replace(items: list[Any]) -> None:
+            fresh = {}
+            for item in items:
+                body = self._owner_body(item)
+                fresh[(item.metadata.namespace or self.namespace, item.metadata.name)] = \
+                    ownership.replica_set_entry(body)
+            self._replica_sets = self._kept(self._replica_sets, scope) | fresh
+            self._set_candidates(self._candidates)
+
+        self._follow("replicasets", scope, lister, args, self.label_selector, replace, self.apply_replica_set_event)
+
+    def _watch_deployments(self, scope: str | None) -> None:
+        """The Deployments the operator manages (labelled managed-by), by uid."""
+        lister, args = ((self._apps.list_deployment_for_all_namespaces, ()) if scope is None else
+                        (self._apps.list_namespaced_deployment, (scope,)))
+
+        def replace(items: list[Any]) -> None:
+            fresh = {(item.metadata.namespace or self.namespace, item.metadata.name): item.metadata.uid or ""
+                     for item in items}
+            self._deployments = self._kept(self._deployments, scope) | fresh
+            self._set_candidates(self._candidates)
+
+        self._follow("deployments", scope, lister, args, ownership.OPERATOR_DEPLOYMENTS, replace,
+                     self.apply_deployment_event)
 
     def _watch_served_models(self, scope: str | None) -> None:
         from kubernetes import watch

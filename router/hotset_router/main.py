@@ -16,6 +16,7 @@ from typing import Sequence
 import uvicorn
 
 from hotset_common import grpc_wire, labels, quantity, slow_clients
+from hotset_common.worker_ownership import WorkerTrust
 from hotset_router.api import DEFAULT_MAX_BODY_BYTES, create_app
 from hotset_router.callers import DEFAULT_AUDIENCE, AuthMode, CallerSettings, KubernetesReviews, Reviews
 from hotset_router.flood import Limits
@@ -42,6 +43,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         "'*': every namespace; empty: --namespace alone (match the operator's watchNamespaces)")
     p.add_argument("--worker-selector", default=env("HOTSET_WORKER_SELECTOR", labels.WORKER_SELECTOR))
     p.add_argument("--worker-port", type=int, default=int(env("HOTSET_WORKER_PORT", "8080")))
+    p.add_argument("--worker-trust", choices=[t.value for t in WorkerTrust],
+                   default=env("HOTSET_ROUTER_WORKER_TRUST", WorkerTrust.OWNED.value),
+                   help="cluster mode: which labelled pods are workers: 'owned' (only pods of the operator's "
+                        "Deployments: the chart's default), 'labelled' (every pod with --worker-selector's labels: "
+                        "workers the operator did not make)")
     p.add_argument("--kubeconfig", default=env("KUBECONFIG"))
     p.add_argument("--host", default=env("HOTSET_ROUTER_HOST", "127.0.0.1"))
     p.add_argument("--port", type=int, default=int(env("HOTSET_ROUTER_PORT", "8080")))
@@ -104,7 +110,7 @@ def build_discovery(args: argparse.Namespace) -> Discovery:
             config.load_incluster_config()
         namespaces = [n.strip() for n in args.watch_namespaces.split(",") if n.strip()] or [args.namespace]
         discovery = KubeDiscovery(args.namespace, args.worker_selector, args.worker_port, namespaces=namespaces,
-                                  watch_timeout_s=args.watch_timeout)
+                                  watch_timeout_s=args.watch_timeout, trust=WorkerTrust(args.worker_trust))
         discovery.start()
         return discovery
     urls = [u.strip() for u in args.workers.split(",") if u.strip()]

@@ -99,6 +99,9 @@ class RouterMetrics:
         self.removals = Counter(names.ROUTER_COPY_REMOVALS_TOTAL.removesuffix("_total"), "Extra copies the router unloaded",
                                 ["model"], registry=self.registry)
         self.pods = Gauge(names.ROUTER_PODS, "Worker pods in the map", registry=self.registry)
+        self.unowned_pods = Gauge(names.ROUTER_UNOWNED_WORKER_PODS,
+                                  "Ready pods with the worker labels that no Deployment of the operator owns: "
+                                  "sent no traffic and no token", registry=self.registry)
         self.pod_waits = Counter(names.ROUTER_POD_WAITS_TOTAL.removesuffix("_total"),
                                  "Requests held while a pod of their model started (scale from zero)",
                                  ["model", "result"], registry=self.registry)
@@ -149,10 +152,11 @@ class RouterMetrics:
     def reviewed(self, question: str, answer: str) -> None:
         self.caller_reviews.labels(question, answer).inc()
 
-    def before_scrape(self, pods: int) -> None:
+    def before_scrape(self, pods: int, unowned_pods: int = 0) -> None:
         self.series.expire()
         self.model_series.set(len(self.series))
         self.pods.set(pods)
+        self.unowned_pods.set(unowned_pods)
 
 
 async def watch_loop_lag(histogram: Histogram, interval_s: float = 0.1) -> None:

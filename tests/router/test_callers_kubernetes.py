@@ -16,7 +16,7 @@ import pytest
 from gateway_helpers import BALLAST_LAUNCHER, local_stack, loads, wait_for, worker_metric, write_ballast_store
 from hotset_testing.grpc_clients import fp32_input, grpc_client, refusal
 from hotset_testing.processes import free_port
-from test_cluster_discovery import free_port_on, make_pod, set_ready
+from test_cluster_discovery import STAND_IN_ARGS, free_port_on, make_pod, set_ready
 
 pytestmark = [pytest.mark.kube, pytest.mark.slow]
 SELECTOR = "app.kubernetes.io/component=worker"
@@ -96,7 +96,7 @@ def authenticated_router(api, tenants, procs, kube_cluster, tmp_path):
         router = procs.router([], args=[
             "--grpc-port", str(grpc_port),
             "--cluster", "--kubeconfig", str(kube_cluster.kubeconfig), "--namespace", "default",
-            "--watch-namespaces", "default,tenant-a,tenant-b", "--worker-selector", SELECTOR,
+            "--watch-namespaces", "default,tenant-a,tenant-b", "--worker-selector", SELECTOR, *STAND_IN_ARGS,
             "--worker-port", str(port), "--auth", "kubernetes", "--auth-audiences", "hotset"], urls=["unused"])
         wait_for(lambda: httpx.get(f"{router.url}/v2/health/ready", timeout=5).status_code == 200, "a ready pod", 60)
         yield router, worker, f"127.0.0.1:{grpc_port}"

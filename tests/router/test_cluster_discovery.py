@@ -11,11 +11,17 @@ from pathlib import Path
 import httpx
 import pytest
 
+from hotset_common.worker_ownership import WorkerTrust
+
 from gateway_helpers import BALLAST_LAUNCHER, copies, local_stack, wait_for, write_ballast_store
 
 pytestmark = [pytest.mark.kube, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
 SELECTOR = "app.kubernetes.io/component=worker"
+# make_pod's pods are hand-made stand-ins with no owner: these tests trust every labelled pod.
+# Ownership (only pods of the operator's Deployments) is tested in test_owned_worker_pods.py.
+STAND_INS = WorkerTrust.LABELLED
+STAND_IN_ARGS = ("--worker-trust", STAND_INS.value)
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +76,7 @@ def test_ready_worker_pods_come_and_go_with_their_ip_and_node(kube):
     make_pod(core, "worker-a", "node-1")
     make_pod(core, "worker-b", "node-2", dedicated_to="big-model")
     make_pod(core, "not-a-worker", "node-1", component="router")
-    discovery = KubeDiscovery("default", SELECTOR, 8080, api_client=kube)
+    discovery = KubeDiscovery("default", SELECTOR, 8080, api_client=kube, trust=STAND_INS)
     discovery.start()
     try:
         set_ready(core, "worker-a", "127.0.0.11", True)
@@ -104,7 +110,7 @@ def test_served_models_give_their_copy_limits(kube, served_model_crd):
         "spec": {"framework": "transformers", "task": "text-classification", "source": {"uri": "pvc://models/sentiment"},
                  "memory": "600Mi", "replicas": {"min": 1, "max": 3}},
     }
-    discovery = KubeDiscovery("default", SELECTOR, 8080, api_client=kube)
+    discovery = KubeDiscovery("default", SELECTOR, 8080, api_client=kube, trust=STAND_INS)
     discovery.start()
     try:
         custom.create_namespaced_custom_object("hotset.io", "v1alpha1", "default", "servedmodels", body)
@@ -169,7 +175,8 @@ def pod_workers(kube, procs, tmp_path):
 
 def cluster_router(procs, cluster, port: int):
     return procs.router([], args=["--cluster", "--kubeconfig", str(cluster.kubeconfig), "--namespace", "default",
-                                  "--worker-selector", SELECTOR, "--worker-port", str(port)], urls=["unused"])
+                                  "--worker-selector", SELECTOR, "--worker-port", str(port),
+                                  *STAND_IN_ARGS], urls=["unused"])
 
 
 def router_pods(router_url: str) -> dict[str, dict]:
@@ -223,7 +230,7 @@ def test_discovery_across_namespaces_reads_drains_and_keeps_the_accepted_name(ku
     namespaces = ["disc-a", "disc-b"]
     for name in namespaces:
         core.create_namespace({"metadata": {"name": name}})
-    discovery = KubeDiscovery("default", SELECTOR, 8080, api_client=kube, namespaces=["*"])
+    discovery = KubeDiscovery("default", SELECTOR, 8080, api_client=kube, namespaces=["*"], trust=STAND_INS)
     try:
         for namespace, ip in zip(namespaces, ("127.0.0.31", "127.0.0.32")):
             core.create_namespaced_pod(namespace, {

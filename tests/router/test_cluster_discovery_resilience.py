@@ -9,7 +9,7 @@ from urllib.parse import urlparse
 import pytest
 
 from gateway_helpers import wait_for
-from test_cluster_discovery import SELECTOR, cluster, kube, make_pod, set_ready  # noqa: F401 - fixtures
+from test_cluster_discovery import SELECTOR, STAND_INS, cluster, kube, make_pod, set_ready  # noqa: F401 - fixtures
 
 pytestmark = [pytest.mark.kube, pytest.mark.slow]
 
@@ -70,7 +70,7 @@ def test_a_half_open_watch_is_restarted_and_new_pods_are_seen(kube_cluster, kube
     core = client.CoreV1Api(kube)
     make_pod(core, "half-open-a", None)
     make_pod(core, "half-open-b", None)
-    discovery = KubeDiscovery("default", SELECTOR, 8080, api_client=proxied, watch_timeout_s=3, request_timeout_s=2)
+    discovery = KubeDiscovery("default", SELECTOR, 8080, api_client=proxied, watch_timeout_s=3, request_timeout_s=2, trust=STAND_INS)
     discovery.start()
     try:
         set_ready(core, "half-open-a", "127.0.0.21", True)
@@ -90,7 +90,7 @@ def test_readers_never_see_the_table_change_under_them(kube):  # noqa: F811
     from kubernetes import client
     from hotset_router.discovery import KubeDiscovery
 
-    discovery = KubeDiscovery("default", SELECTOR, 8080, api_client=kube)
+    discovery = KubeDiscovery("default", SELECTOR, 8080, api_client=kube, trust=STAND_INS)
     pods = [client.V1Pod(
         metadata=client.V1ObjectMeta(name=f"p{i}", labels={"hotset.io/pool": "shared"}),
         spec=client.V1PodSpec(node_name="n", containers=[]),
@@ -127,7 +127,7 @@ def test_a_restarted_watch_never_empties_the_table(kube):  # noqa: F811
     for i, name in enumerate(names):
         make_pod(core, name, None)
         set_ready(core, name, f"127.0.1.{i + 1}", True)
-    discovery = KubeDiscovery("default", SELECTOR, 8080, api_client=kube, watch_timeout_s=1, request_timeout_s=5)
+    discovery = KubeDiscovery("default", SELECTOR, 8080, api_client=kube, watch_timeout_s=1, request_timeout_s=5, trust=STAND_INS)
     discovery.start()
     try:
         wait_for(lambda: len([u for u in discovery.urls() if u.startswith("http://127.0.1.")]) == 30, "all pods")

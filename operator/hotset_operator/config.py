@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from hotset_common import quantity, wire
 from hotset_common.budget import BudgetMode
 from hotset_common.spec import Scheduling
+from hotset_common.worker_ownership import WorkerTrust
 
 ENV_PREFIX = "HOTSET_OPERATOR_"
 
@@ -105,6 +106,9 @@ class OperatorConfig(BaseModel):
     catalog_port: int = Field(8090, ge=0, le=65535, description="0: an ephemeral port (tests)")
     catalog_url: str = Field("", description="base URL of the feed as worker pods reach it")
     report_timeout_s: float = Field(2.0, gt=0, description="longest wait for one worker pod's /status")
+    worker_trust: WorkerTrust = Field(WorkerTrust.OWNED, description="which labelled pods are workers, asked for "
+                                      "reports and sent the token: owned (pods of the operator's Deployments), "
+                                      "labelled (any pod with the worker labels: test stand-ins)")
     write_concurrency: int = Field(8, ge=1, description="status writes in flight at once")
     watch_namespaces: tuple[str, ...] = Field((), description="namespaces whose ServedModels are served; "
                                               "empty: the operator's own; ('*',): every namespace")

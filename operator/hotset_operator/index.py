@@ -13,6 +13,7 @@ from typing import Any, Iterable, Mapping
 
 from hotset_common import labels, quantity
 from hotset_common.spec import ModelSpec
+from hotset_common.worker_ownership import PodClaim
 from hotset_operator import approval, kinds, validation, workloads
 from hotset_operator.config import Autoscaling, OperatorConfig
 
@@ -108,6 +109,7 @@ class WorkerPod:
     namespace: str = ""
     draining_since: float | None = None  # unix seconds, from labels.DRAINING
     deleting: bool = False
+    claim: PodClaim = PodClaim(None)  # its controller and labels: whether the operator's Deployment owns it
 
 
 @dataclass(frozen=True)
@@ -122,6 +124,7 @@ class DeploymentEntry:
     owners: tuple[str, ...] = ()  # ownerReferences' uids
     managed_by: str = ""
     spec_hash: str = ""  # a dedicated group's pod-template hash of its model's spec
+    uid: str = ""  # its pods' ReplicaSets name it by uid (hotset_common.worker_ownership)
 
 
 def wanted_at(annotations: Mapping[str, str]) -> float:
@@ -215,7 +218,7 @@ def pod_entry(body: Mapping[str, Any]) -> WorkerPod:
         ready=any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions),
         pool=labels.pool_of(meta.get("labels") or {}), problem=_problem(status.get("containerStatuses") or []),
         namespace=str(meta.get("namespace", "")), draining_since=_draining_since(meta.get("annotations") or {}),
-        deleting=bool(meta.get("deletionTimestamp")))
+        deleting=bool(meta.get("deletionTimestamp")), claim=PodClaim.of(meta))
 
 
 def deployment_entry(body: Mapping[str, Any]) -> DeploymentEntry:
@@ -223,7 +226,7 @@ def deployment_entry(body: Mapping[str, Any]) -> DeploymentEntry:
     template = ((spec.get("template") or {}).get("metadata") or {}).get("annotations") or {}
     replicas = spec.get("replicas")
     return DeploymentEntry(
-        namespace=str(meta.get("namespace", "")), name=str(meta.get("name", "")),
+        namespace=str(meta.get("namespace", "")), name=str(meta.get("name", "")), uid=str(meta.get("uid", "")),
         replicas=1 if replicas is None else int(replicas), pods=int(status.get("replicas") or 0),
         ready=int(status.get("readyReplicas") or 0),
         owners=tuple(str(ref.get("uid", "")) for ref in meta.get("ownerReferences") or []),

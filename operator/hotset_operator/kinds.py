@@ -15,6 +15,8 @@ WORKER_POOL = "WorkerPool"
 WORKER_POOLS = {"group": GROUP, "version": VERSION, "plural": "workerpools"}
 MODEL_QUOTA = "ModelQuota"
 MODEL_QUOTAS = {"group": GROUP, "version": VERSION, "plural": "modelquotas"}
-# What the operator watches besides its own kinds: its worker pods and the Deployments it made.
+# What the operator watches besides its own kinds: its worker pods, the Deployments it made.
 PODS = {"group": "", "version": "v1", "plural": "pods"}
 DEPLOYMENTS = {"group": "apps", "version": "v1", "plural": "deployments"}
+# Which ReplicaSet owns a labelled pod, and which Deployment that ReplicaSet (hotset_common.worker_ownership).
+REPLICA_SETS = {"group": "apps", "version": "v1", "plural": "replicasets"}

@@ -39,7 +39,9 @@ from collections import defaultdict
 from typing import Any, Callable, Mapping
 
 from hotset_common import labels
+from hotset_common import worker_ownership as ownership
 from hotset_common.spec import ModelSpec
+from hotset_common.worker_ownership import WorkerTrust
 from hotset_common.wire import WorkerStatus
 from hotset_operator import autoscaler, credentials, demand, drain, index, kinds, kube, workers, workloads
 from hotset_operator.config import Autoscaling, OperatorConfig, PoolMode
@@ -76,6 +78,7 @@ class Pools:
         self._pool_owners: dict[str, tuple[int, list[dict[str, Any]]]] = {}  # namespace -> (version, owners)
         self._http = workers.client(config.worker_token, config.report_timeout_s)
         self._reasons: dict[str, str] = {}  # what each pool's demand said last (logged when it changes)
+        self._refused: dict[tuple[str, str], str] = {}  # labelled pods that are not workers -> why (logged once)
         self.credentials = credentials.CredentialGatherer(kube_api, clock=clock)
         self._gathered: dict[str, tuple[int, float, dict[str, str]]] = {}  # namespace -> (version, when, data)
 
@@ -95,8 +98,31 @@ class Pools:
                 log.exception("pool convergence pass failed; retrying in %.0fs", self.config.pool_sync_interval_s)
             await asyncio.sleep(self.config.pool_sync_interval_s)
 
-    async def converge(self) -> None:
+    def trusted_pods(self) -> list[WorkerPod]:
+        """The labelled pods that are workers: with the default trust, those the operator's own
+        Deployments own (hotset_common.worker_ownership). Only these are asked for reports (with the
+        workers' token) and counted for copies, queues and scaling; the others are logged once."""
         pods = [p for p in index.values(self.indexes["worker_pods"]) if not p.deleting]
+        if self.config.worker_trust is WorkerTrust.LABELLED:
+            return pods
+        replica_sets = {key: entry for key in list(self.indexes["worker_replica_sets"])
+                        if (entry := index.one(self.indexes["worker_replica_sets"], key)) is not None}
+        deployment_uids = {(d.namespace, d.name): d.uid for d in index.values(self.indexes["managed_deployments"])}
+        trusted, refused = [], {}
+        for pod in pods:
+            why = ownership.why_not_owned(pod.namespace, pod.claim, replica_sets, deployment_uids)
+            if why:
+                refused[(pod.namespace, pod.name)] = why
+            else:
+                trusted.append(pod)
+        for key in refused.keys() - self._refused.keys():
+            log.warning("pod %s/%s has the worker labels but is not asked for reports: %s", *key, refused[key])
+        self._refused = refused
+        self.metrics.unowned_worker_pods.set(len(refused))
+        return trusted
+
+    async def converge(self) -> None:
+        pods = self.trusted_pods()
         reports = await workers.fetch_reports(self._http, pods, self.config.worker_port)
         changed = self.fleet.update(pods, reports)
         if changed:

@@ -12,6 +12,7 @@ from kopf.testing import KopfRunner
 
 from hotset_common import labels
 from hotset_common.model_store import CatalogUpdate
+from hotset_common.worker_ownership import WorkerTrust
 from hotset_operator import workloads
 from hotset_operator.config import OperatorConfig
 from hotset_operator.handlers import build_registry
@@ -118,6 +119,11 @@ def service_account_kubeconfig(kube: KubeCluster, namespace: str, account: str, 
         "contexts": [{"name": "sa", "context": {"cluster": "c", "user": account, "namespace": namespace}}],
     }))
     return path
+
+
+# stand_in_pod's pods have no owner: tests using them trust every labelled pod (the default trusts only
+# pods of the operator's Deployments: tests/operator/test_owned_worker_pods.py).
+STAND_IN_TRUST = WorkerTrust.LABELLED
 
 
 def stand_in_pod(cluster: Cluster, name: str) -> None:

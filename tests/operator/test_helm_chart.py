@@ -81,6 +81,8 @@ OPERATOR_NEEDS = [
     ("create", "subjectaccessreviews.authorization.k8s.io"),  # checking an approval (test_approvals.py)
     # each worker Deployment's NetworkPolicy (test_worker_network_policy.py)
     ("create", "networkpolicies.networking.k8s.io"), ("patch", "networkpolicies.networking.k8s.io"),
+    # which ReplicaSet owns a labelled pod (only pods of its own Deployments are workers)
+    ("list", "replicasets.apps"), ("watch", "replicasets.apps"),
 ]
 OPERATOR_MUST_NOT = [
     ("list", "secrets"), ("watch", "secrets"), ("patch", "secrets/hotset-worker-token"), ("delete", "secrets"),
@@ -103,6 +105,10 @@ def test_operator_account_may_do_its_job_and_nothing_else(installed: Cluster) ->
 
 def test_router_and_worker_accounts_are_read_only_or_nothing(installed: Cluster) -> None:
     assert _can(installed, "hotset-router", "watch", "pods")
+    # who owns a labelled pod: only pods of the operator's Deployments get traffic (read only)
+    assert _can(installed, "hotset-router", "watch", "replicasets.apps")
+    assert _can(installed, "hotset-router", "list", "deployments.apps")
+    assert not _can(installed, "hotset-router", "patch", "deployments.apps")
     assert _can(installed, "hotset-router", "list", "servedmodels.hotset.io")
     assert _can(installed, "hotset-router", "watch", "modelquotas.hotset.io")  # each namespace's request rate
     assert not _can(installed, "hotset-router", "patch", "modelquotas.hotset.io")

@@ -13,7 +13,7 @@ import httpx
 
 from hotset_operator import workloads
 from hotset_testing.operator_harness import Cluster, operator_config, running_operator, served_model, \
-    stand_in_pod, wait_for
+    STAND_IN_TRUST, stand_in_pod, wait_for
 from hotset_testing.processes import free_port
 from hotset_testing.worker_server import REPO, worker_process
 from hotset_worker import samples
@@ -23,7 +23,7 @@ def test_a_higher_priority_load_that_evicts_a_copy_is_an_event_on_both_models(cl
     store = samples.generate(REPO / "build" / "models")
     sources = {m["id"]: m["source"] for m in json.loads(store.read_text())["models"]}
     port = free_port()
-    config = operator_config(cluster.namespace, worker_port=port)
+    config = operator_config(cluster.namespace, worker_port=port, worker_trust=STAND_IN_TRUST)
     with running_operator(config):
         cluster.apply(served_model("reports", source={"uri": sources["sentiment"]}, memory="17Mi"))
         cluster.apply(served_model("fraud", source={"uri": sources["sentiment-v2"]}, memory="17Mi", priority=100))

@@ -14,7 +14,7 @@ import httpx
 
 from hotset_operator import workloads
 from hotset_testing.operator_harness import Cluster, operator_config, running_operator, served_model, \
-    stand_in_pod, wait_for
+    STAND_IN_TRUST, stand_in_pod, wait_for
 from hotset_testing.processes import free_port
 from hotset_testing.worker_server import REPO, worker_process
 from hotset_worker import samples
@@ -24,7 +24,7 @@ def test_copies_and_ready_follow_the_worker_and_delete_unloads(cluster: Cluster,
     store = samples.generate(REPO / "build" / "models")
     source = next(m["source"] for m in json.loads(store.read_text())["models"] if m["id"] == "sentiment")
     port = free_port()
-    config = operator_config(cluster.namespace, worker_port=port)
+    config = operator_config(cluster.namespace, worker_port=port, worker_trust=STAND_IN_TRUST)
     with running_operator(config):
         cluster.apply(served_model("sentiment", source={"uri": source}, memory="17Mi", replicas={"min": 1, "max": 2}))
         waiting = wait_for(lambda: cluster.condition("sentiment", "Ready"), "a Ready condition")

@@ -121,6 +121,11 @@ hotset-worker-gpu
 - apiGroups: [apps]
   resources: [deployments]
   verbs: [get, list, watch, create, patch, delete]
+# Which ReplicaSet owns a labelled pod, and which Deployment owns that ReplicaSet: only pods of
+# the operator's own Deployments are asked for reports and given the token (kopf index, read only).
+- apiGroups: [apps]
+  resources: [replicasets]
+  verbs: [list, watch]
 # At most one pod of a pool away at a time (the shared pool's and each dedicated group's budget).
 - apiGroups: [policy]
   resources: [poddisruptionbudgets]
@@ -154,6 +159,11 @@ hotset-worker-gpu
 - apiGroups: [""]
   resources: [pods]
   verbs: [get, list, watch]
+# A labelled pod gets traffic only when the operator's Deployment owns it (through its
+# ReplicaSet): the router watches the worker-labelled ReplicaSets and the operator's Deployments.
+- apiGroups: [apps]
+  resources: [replicasets, deployments]
+  verbs: [list, watch]
 - apiGroups: [hotset.io]
   resources: [servedmodels]
   verbs: [get, list, watch, patch]

@@ -117,11 +117,15 @@ class Forwarder:
             if load and not versioned:
                 chosen, sent = self.targets.with_variant(model, headers)
 
+            def target(tried: list[str]) -> tuple[str, bool] | None:
+                nonlocal chosen, sent
+                chosen, sent = self.targets.still_chosen(model, chosen, headers, sent)
+                return self.targets.target(chosen, tried, load)
+
             async def attempt(url: str, cold: bool) -> Whole | None:
                 return await self._try(url, chosen, send, sent, deadline, cold and load)
 
-            return await self._with_one_retry(chosen, deadline, lambda tried: self.targets.target(chosen, tried, load),
-                                              attempt)
+            return await self._with_one_retry(chosen, deadline, target, attempt)
 
         return await self._after_pod_wait(model, deadline, attempts) if load else await attempts()
 
@@ -149,12 +153,16 @@ class Forwarder:
         async def send() -> UpstreamStream:
             chosen, sent = self.targets.with_variant(model, headers)  # the canary split, as for whole answers
 
+            def target(tried: list[str]) -> tuple[str, tuple[str, ...]] | None:
+                nonlocal chosen, sent
+                chosen, sent = self.targets.still_chosen(model, chosen, headers, sent)
+                return self.targets.stream_target(chosen, tried, prefix, base)
+
             async def attempt(url: str, loads: tuple[str, ...]) -> UpstreamStream | None:
                 return await self._open(url, chosen, method, path, body, sent, deadline, loads)
 
-            return await self._with_one_retry(chosen, deadline,
-                                              lambda tried: self.targets.stream_target(chosen, tried, prefix, base),
-                                              attempt, discard=lambda stream: stream.close())
+            return await self._with_one_retry(chosen, deadline, target, attempt,
+                                              discard=lambda stream: stream.close())
 
         return await self._after_pod_wait(model, deadline, send)
 

@@ -72,6 +72,18 @@ class Targets:
         chosen = self.choose_variant(model)
         return (model, headers) if chosen == model else (chosen, {**headers, VARIANT_HEADER: chosen})
 
+    def still_chosen(self, model: str, chosen: str, headers: Mapping[str, str],
+                     sent: Mapping[str, str]) -> tuple[str, Mapping[str, str]]:
+        """(`chosen`, `sent`) while that canary version is still known; else (`model`, `headers`).
+        A request picks its variant once, but its next target is asked after awaits (an attempt,
+        its retry), and a status report landing meanwhile can promote or drop the canary: the
+        request then goes to the model itself instead of failing as unknown (it answered 404 at
+        the moment of a promotion)."""
+        if chosen == model or self.model_map.is_known(chosen):
+            return chosen, sent
+        log.info("canary %s of %s is gone since this request chose it; sending it to %s", chosen, model, model)
+        return model, headers
+
     def choose_variant(self, model: str) -> str:
         """`model`, or its canary version for the canary's weight in percent of the requests. A
         version no pod's catalog lists yet (or any more) is not chosen: while a rollout's reports

@@ -50,12 +50,26 @@ class Inferred:
     outputs: dict[str, Any]
 
 
+@dataclass(frozen=True)
+class Held:
+    """What ``DataPlane.hold`` admitted: the spec whose copy serves the request (the model's own
+    when the canary it chose ended meanwhile), and that copy's framework worker."""
+
+    spec: ModelSpec
+    worker: FrameworkWorker
+
+
 @dataclass
 class _Outcome:
     """One request's resolved model and the status code its metrics record."""
 
     spec: ModelSpec
     code: int = 200
+
+    def admitted(self, held: Held) -> tuple[ModelSpec, FrameworkWorker]:
+        """The spec and worker the request got (its metrics follow the spec that answered it)."""
+        self.spec = held.spec
+        return held.spec, held.worker
 
 
 def available_cores() -> int:
@@ -103,19 +117,35 @@ class DataPlane:
         return self.manager.clock.now() + budget
 
     @contextlib.asynccontextmanager
-    async def hold(self, spec: ModelSpec, timeout_s: float | None, timing: RequestTiming) -> AsyncIterator[FrameworkWorker]:
+    async def hold(self, spec: ModelSpec, timeout_s: float | None, timing: RequestTiming) -> AsyncIterator[Held]:
         """The one admission path of every protocol's requests (seed, OIP v2, OpenAI): the model's
         slot (its maxConcurrency), then its loaded copy, within the request's deadline (capped by
         its timeoutSeconds), counted in flight for the block."""
         deadline = self.deadline_of(spec, timeout_s)
         slot = contextlib.nullcontext() if spec.max_concurrency is None else self._slot(spec, deadline, timing)
-        async with slot:
-            async with self.manager.use(spec.id, timing=timing, deadline=deadline) as worker:
-                self.metrics.request_started(spec)
-                try:
-                    yield worker
-                finally:
-                    self.metrics.request_ended(spec)
+        async with slot, contextlib.AsyncExitStack() as copy:
+            held = await self._use(copy, spec, timing, deadline)
+            self.metrics.request_started(held.spec)
+            try:
+                yield held
+            finally:
+                self.metrics.request_ended(held.spec)
+
+    async def _use(self, copy: contextlib.AsyncExitStack, spec: ModelSpec, timing: RequestTiming,
+                   deadline: float | None) -> Held:
+        """`spec`'s copy, held for `copy`'s block. A canary version resolved for this request can
+        leave the store before its copy is taken (a promotion's store update lands in between:
+        each lookup reads the store as it is now); the model itself then answers, as it does when
+        the canary had already ended at ``resolve`` (it was a 404 at the moment of a promotion)."""
+        try:
+            return Held(spec, await copy.enter_async_context(self.manager.use(spec.id, timing=timing, deadline=deadline)))
+        except errors.ModelNotFound:
+            if not spec.variant_of:
+                raise
+        log.info("canary %s of %s ended while a request for it was admitted; %s answers it",
+                 spec.id, spec.variant_of, spec.variant_of)
+        model = self.manager.store.get(spec.variant_of)
+        return Held(model, await copy.enter_async_context(self.manager.use(model.id, timing=timing, deadline=deadline)))
 
     @contextlib.asynccontextmanager
     async def _slot(self, spec: ModelSpec, deadline: float | None, timing: RequestTiming) -> AsyncIterator[None]:
@@ -133,8 +163,8 @@ class DataPlane:
         router chose to answer (``X-Hotset-Variant``)."""
         timing = timing or RequestTiming()
         async with self._request(model_id, variant) as outcome:
-            spec = outcome.spec
-            async with self.hold(spec, timeout_s, timing) as worker:
+            async with self.hold(outcome.spec, timeout_s, timing) as held:
+                spec, worker = outcome.admitted(held)
                 batcher = self.batchers.for_copy(spec, worker)
                 if batcher is not None:
                     return await self._batched(spec, timing, batcher, estimated_rows(input_data),
@@ -189,7 +219,8 @@ class DataPlane:
             loaded = self.manager.loaded_worker(spec.id)
             passes_on = forwarded is not None and loaded is not None and loaded.forwards_infer()
             request = None if passes_on else await _off_loop(size, decode)
-            async with self.hold(spec, timeout_s, timing) as worker:
+            async with self.hold(spec, timeout_s, timing) as held:
+                spec, worker = outcome.admitted(held)
                 if request is None:
                     assert forwarded is not None
                     answer = await self._forward(spec, worker, *forwarded)
@@ -244,11 +275,10 @@ class DataPlane:
         """Resolve the spec (the canary version `variant`, when the router chose it) and record the
         request's code and latency however it ends (a forwarded answer sets its backend's status)."""
         started = time.perf_counter()
-        spec: ModelSpec | None = None
+        outcome: _Outcome | None = None
         code = 500
         try:
-            spec = self.resolve(model_id, variant)
-            outcome = _Outcome(spec)
+            outcome = _Outcome(self.resolve(model_id, variant))
             yield outcome
             code = outcome.code
         except errors.HotsetError as exc:
@@ -258,7 +288,7 @@ class DataPlane:
             code = errors.ClientClosedRequest.status_code
             raise
         finally:
-            self.metrics.request_finished(spec, code, time.perf_counter() - started)
+            self.metrics.request_finished(outcome.spec if outcome else None, code, time.perf_counter() - started)
 
     def resolve(self, model_id: str, variant: str | None) -> ModelSpec:
         """`model_id`'s spec, or its canary version's when the router chose that (``X-Hotset-Variant``)."""

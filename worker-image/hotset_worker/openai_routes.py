@@ -104,7 +104,9 @@ class _Request:
             deadline = dataplane.deadline_of(self.spec, timeout_s)
             await self.held.enter_async_context(
                 dataplane.manager.use(self.spec.base_model, timing=self.timing, deadline=deadline))
-        return await self.held.enter_async_context(dataplane.hold(self.spec, timeout_s, self.timing))
+        held = await self.held.enter_async_context(dataplane.hold(self.spec, timeout_s, self.timing))
+        self.spec = held.spec  # the model's own when the canary it chose ended meanwhile
+        return held.worker
 
     def count_tokens(self) -> None:
         self.metered = True

@@ -42,6 +42,7 @@ import dataclasses
 from typing import Any, Awaitable, Callable, Mapping
 
 from hotset_common import errors
+from hotset_common.shares import share_of
 from hotset_common.spec import DEFAULT_SERVING_WEIGHT
 
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -146,7 +147,7 @@ class FloodGuard:
         held = self.held.get(namespace, 0)
         weight = self.weight_of(namespace)
         weights = weight + sum(self.weight_of(other) for other in self.held if other != namespace)
-        share = max(1, int(self.limits.max_requests * weight / (weights + DEFAULT_SERVING_WEIGHT)))
+        share = share_of(self.limits.max_requests, weight, weights)
         if held >= share:
             raise errors.NoCapacity(
                 f"namespace {namespace!r} holds {held} of the router's {self.limits.max_requests} request slots, its "

@@ -1,20 +1,40 @@
-"""The admission queue: requests whose model has no copy and no room yet, first come first served,
-higher priorities first (``ModelSpec.priority``), and among equals realtime models first
-(``LatencyClass``: their callers are waiting in a request path).
+"""The admission queue: requests whose model has no copy and no room yet, shared fairly between
+namespaces.
 
 Requests for the same model share one place (a ``Ticket``): when room frees
 up, the model at the head is loaded once for all of them. The queue is
 bounded in requests; a full queue is the manager's cue to refuse at once
 (503 with Retry-After). Synchronous, like the copy table: the manager awaits
 a ticket's ``admitted`` future with its deadline on the injected clock.
+
+Which ticket is the head, in this order:
+
+1. **Priority** (``ModelSpec.priority``): higher first, across namespaces
+   (each namespace's ModelQuota caps what its models may claim).
+2. **Namespaces by fair share** among tickets of that priority: start-time fair
+   queueing over loads, as the inference threads do over passes
+   (fair_threads.py). A namespace's next load starts at the later of the
+   queue's virtual time and its previous load's finish tag, and finishes
+   ``1 / weight`` later; the smallest start goes first. So a namespace that
+   thrashes a hundred cold models does not put another namespace's one cold
+   model behind all of them: a newcomer's load is the next but one at most.
+3. **Within a namespace**: realtime models first (``LatencyClass``: their
+   callers wait in a request path), then first come first served.
+
+And places: a namespace may hold at most its weighted share of the queue's
+requests (``hotset_common.shares``), so one namespace's flood of cold
+requests fills its share and is refused (503) while others still queue.
+Models with no namespace (a local store) are one group, never limited.
 """
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from typing import Callable
 
 from hotset_common import errors
-from hotset_common.spec import LatencyClass, ModelSpec
+from hotset_common.shares import share_of
+from hotset_common.spec import DEFAULT_SERVING_WEIGHT, LatencyClass, ModelSpec
 from hotset_worker.copy_table import Copy
 
 
@@ -29,19 +49,39 @@ class Ticket:
 
 
 class AdmissionQueue:
-    def __init__(self, max_requests: int) -> None:
+    def __init__(self, max_requests: int,
+                 weight_of: Callable[[str], float] = lambda namespace: DEFAULT_SERVING_WEIGHT) -> None:
         if max_requests < 0:
             raise ValueError(f"admission queue size must not be negative, got {max_requests}")
         self.max_requests = max_requests
+        self.weight_of = weight_of  # a namespace's servingWeight (the worker learns it with each request)
         self.tickets: dict[str, Ticket] = {}  # insertion order is arrival order
         self.requests = 0
-        self._ranked = 0  # tickets of realtime models or of a priority other than 0 (none: the head is the oldest)
+        self._ranked = 0  # tickets of realtime models or of a priority other than 0
+        self._waiting: dict[str, int] = {}  # namespace -> its requests in the queue
+        self._finish: dict[str, float] = {}  # namespace -> finish tag of its last admitted load
+        self._virtual = 0.0  # the start tag of the load admitted last
 
     def __bool__(self) -> bool:
         return bool(self.tickets)
 
     def is_full(self) -> bool:
         return self.requests >= self.max_requests
+
+    def over_share(self, spec: ModelSpec) -> str | None:
+        """Why a request for `spec` may not join because its namespace holds its share of the
+        places already; None when it may."""
+        namespace = spec.namespace
+        if not namespace:
+            return None
+        held = self._waiting.get(namespace, 0)
+        weight = self.weight_of(namespace)
+        weights = weight + sum(self.weight_of(other) for other in self._waiting if other != namespace)
+        share = share_of(self.max_requests, weight, weights)
+        if held < share:
+            return None
+        return (f"namespace {namespace!r} holds {held} of the admission queue's {self.max_requests} places, its share "
+                f"while {len(self._waiting | {namespace: 0})} namespaces wait (servingWeight {weight:g} of {weights:g})")
 
     def get(self, model_id: str) -> Ticket | None:
         return self.tickets.get(model_id)
@@ -54,32 +94,64 @@ class AdmissionQueue:
             self._ranked += _is_ranked(ticket)
         ticket.waiters += 1
         self.requests += 1
+        self._count(spec.namespace, +1)
         return ticket
 
     def leave(self, ticket: Ticket) -> None:
         """A request stopped waiting (admitted, refused or gone); its place goes when nobody waits."""
         ticket.waiters -= 1
         self.requests -= 1
+        self._count(ticket.spec.namespace, -1)
         if ticket.waiters == 0 and self.tickets.get(ticket.spec.id) is ticket:
             self._remove(ticket)  # nobody waits any more: its load is not started
 
     def head(self) -> Ticket | None:
-        """The ticket admitted next: the oldest of the highest priority, realtime before others of
-        the same priority. A scan only while some ticket is ranked (the queue is bounded)."""
-        if self._ranked:
-            return max(self.tickets.values(), key=_rank)  # max keeps the first (oldest) of equals
-        return next(iter(self.tickets.values()), None)
+        """The ticket admitted next (the module docstring's order). O(1) while the queue holds one
+        namespace's unranked tickets; else a scan of the tickets (the queue is bounded)."""
+        if not self._ranked and len(self._waiting) <= 1:
+            return next(iter(self.tickets.values()), None)
+        if not self.tickets:
+            return None
+        top = max(ticket.spec.priority for ticket in self.tickets.values())
+        first: dict[str, Ticket] = {}  # namespace -> its head among tickets of the top priority
+        for ticket in self.tickets.values():
+            if ticket.spec.priority != top:
+                continue
+            held = first.get(ticket.spec.namespace)
+            if held is None or _rank(ticket) > _rank(held):  # equals keep the first (oldest)
+                first[ticket.spec.namespace] = ticket
+        return min(first.values(), key=lambda ticket: self._start_of(ticket.spec.namespace))  # min keeps the first
 
     def admit(self, ticket: Ticket, copy: Copy) -> None:
         """The head's load started (or its copy exists): its requests go to `copy`."""
         self._remove(ticket)
+        self.charge(ticket.spec.namespace)
         copy.queued += ticket.waiters
         ticket.admitted.set_result(copy)
+
+    def charge(self, namespace: str) -> None:
+        """A load of `namespace` starts: the queue's head, or a load the manager started at once
+        (nothing waited): its share is spent as if it had queued."""
+        start = self._start_of(namespace)
+        self._virtual = start
+        self._finish[namespace] = start + 1.0 / max(self.weight_of(namespace), 1e-6)
 
     def refuse(self, ticket: Ticket, error: errors.HotsetError) -> None:
         """The head can never be admitted as things are (a load that backs off, a model too large)."""
         self._remove(ticket)
         _fail(ticket.admitted, error)
+
+    def _start_of(self, namespace: str) -> float:
+        return max(self._virtual, self._finish.get(namespace, 0.0))
+
+    def _count(self, namespace: str, change: int) -> None:
+        left = self._waiting.get(namespace, 0) + change
+        if left > 0:
+            self._waiting[namespace] = left
+        else:
+            self._waiting.pop(namespace, None)
+            if self._finish.get(namespace, 0.0) <= self._virtual:
+                self._finish.pop(namespace, None)  # it would start at the virtual time anyway
 
     def _remove(self, ticket: Ticket) -> None:
         del self.tickets[ticket.spec.id]

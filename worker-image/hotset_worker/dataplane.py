@@ -93,6 +93,7 @@ class DataPlane:
         self.limiter = limiter or ModelLimiter(metrics, clock=manager.clock)
         threads = inference_threads or available_cores()
         self.inference_threads = FairThreads(threads, thread_name_prefix="inference")  # shared fairly by namespace
+        manager.queue.weight_of = self.inference_threads.weight  # one weight per namespace: threads and queue places
         self.batchers = Batchers(self.inference_threads, manager.clock, metrics, max_passes=threads)
 
     def note_share_weight(self, value: str | None) -> None:

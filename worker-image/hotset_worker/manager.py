@@ -475,6 +475,8 @@ class ModelManager:
                 self._raise_if_backing_off(model_id)
                 # Fair order: while others wait for room, a newcomer queues behind them.
                 copy = None if self.queue else self._start_load_if_room(spec)
+                if copy is not None:
+                    self.queue.charge(spec.namespace)
                 if copy is None:
                     copy = await self._wait_in_queue(spec, deadline, timing)
                     counted = True
@@ -538,7 +540,7 @@ class ModelManager:
     # ----- the admission queue ---------------------------------------------
 
     async def _wait_in_queue(self, spec: ModelSpec, deadline: float, timing: RequestTiming) -> Copy:
-        """Wait for room for `spec`, first come first served; the copy whose load was started for it.
+        """Wait for room for `spec` (in the queue's order: admission.py); the copy whose load was started for it.
 
         The request is counted in the returned copy's `queued` (handed over with the admission)."""
         self._raise_if_it_can_never_fit(spec)
@@ -549,6 +551,11 @@ class ModelManager:
                 f"({self.queue.requests} requests wait for room); {self._occupancy()}",
                 retry_after_s=self._retry_after(spec),
             )
+        over_share = self.queue.over_share(spec)
+        if over_share:
+            self._observer.queue_left(spec, 0.0, "namespace_share")
+            raise errors.NoCapacity(f"no room for model {spec.id!r} now, and {over_share}; retry shortly",
+                                    retry_after_s=self._retry_after(spec))
         started = self.clock.now()
         remaining = deadline - started
         expected = self.table.stats_of(spec.id).load_seconds or 0.0
@@ -589,7 +596,7 @@ class ModelManager:
                 self._stop_waiting(ticket.admitted.result())  # admitted at the last moment, but gone
 
     def _admit_queued(self) -> None:
-        """Start the loads that fit now, in arrival order; the first that does not fit keeps its place."""
+        """Start the loads that fit now, in the queue's order; the first that does not fit keeps its place."""
         while (ticket := self.queue.head()) is not None:
             copy = self.table.get(ticket.spec.id)
             if copy is None:

@@ -238,10 +238,11 @@ class WorkerMetrics:
         self._set_gauge(self.queued, spec, waiting)
 
     def queue_left(self, spec: ModelSpec, seconds: float, outcome: str) -> None:
-        """A request left the admission queue: admitted, or refused (queue_full, deadline), failed, cancelled."""
-        if outcome in ("queue_full", "deadline"):
+        """A request left the admission queue: admitted, or refused (queue_full, namespace_share,
+        deadline), failed, cancelled."""
+        if outcome in ("queue_full", "namespace_share", "deadline"):
             self._child(self.refusals, spec, outcome).inc()
-        if outcome != "queue_full":
+        if outcome not in ("queue_full", "namespace_share"):
             self._child(self.queue_wait, spec).observe(seconds)
 
     # FetchObserver (hotset_worker.sources.fetcher) and CacheObserver (sources.cache)

@@ -15,6 +15,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import local_stack  # noqa: E402
 from hotset_testing.polling import wait_for  # noqa: E402,F401 - the router tests import it from here
+from hotset_testing import scrape  # noqa: E402
 
 MiB = 2**20
 BALLAST_LAUNCHER = [sys.executable, str(Path(__file__).with_name("ballast_worker_main.py"))]
@@ -40,14 +41,7 @@ def write_ballast_store(folder: Path, models: dict[str, dict[str, Any]]) -> Path
 
 def worker_metric(url: str, name: str, **labels: str) -> float:
     """Sum of a worker's Prometheus samples `name` whose labels include `labels`."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    total = 0.0
-    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=5).text):
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                total += sample.value
-    return total
+    return scrape.metric(url, name, **labels)
 
 
 def loads(url: str, model: str) -> float:

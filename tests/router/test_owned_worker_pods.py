@@ -17,13 +17,12 @@ default trust sends them nothing, counts them in
 """
 from __future__ import annotations
 
-import http.server
-import threading
 from typing import Any
 
 import httpx
 import pytest
 
+from hotset_testing.recording_server import RecordingServer
 from gateway_helpers import BALLAST_LAUNCHER, local_stack, wait_for, worker_metric, write_ballast_store
 from test_cluster_discovery import SELECTOR, free_port_on, make_pod, set_ready
 
@@ -31,34 +30,6 @@ pytestmark = [pytest.mark.kube, pytest.mark.slow]
 NAMESPACE = "default"
 OWNED_IP, HAND_MADE_IP, LOOKALIKE_IP = "127.0.0.71", "127.0.0.72", "127.0.0.73"
 UNSCHEDULED = "hotset-test-unscheduled"  # a scheduler nobody runs: no kubelet here, the test plays it
-
-
-class RecordingServer:
-    """An impostor's HTTP server: records every request it gets and answers 404."""
-
-    def __init__(self, host: str, port: int) -> None:
-        self.requests: list[tuple[str, str, str]] = []  # (method, path, Authorization)
-        record = self.requests
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def _any(self) -> None:
-                record.append((self.command, self.path, self.headers.get("Authorization", "")))
-                self.send_response(404)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            do_GET = do_POST = do_PUT = do_DELETE = _any
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer((host, port), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 def deployment(name: str, operator_label: bool) -> dict[str, Any]:

@@ -172,14 +172,17 @@ def ask(url: str, model: str, question: str = QUESTION) -> str:
 
 
 def engine_processes(worker_pid: int) -> dict[str, psutil.Process]:
-    """The worker's engine processes (their API servers) by the model they serve."""
-    found = {}
+    """The worker's engine processes (their API servers, the processes the worker started) by the
+    model they serve. Only the root of each engine's tree: a process the API server forks keeps its
+    command line, and killing that one instead leaves the API server up for a moment, answering
+    with a reset connection (the worker sees its engine exit only when the process it started does)."""
+    matched = {}
     for child in psutil.Process(worker_pid).children(recursive=True):
         with contextlib.suppress(psutil.NoSuchProcess):
             argv = child.cmdline()
             if "vllm.entrypoints.openai.api_server" in " ".join(argv) and "--served-model-name" in argv:
-                found[argv[argv.index("--served-model-name") + 1]] = child
-    return found
+                matched[child.pid] = (argv[argv.index("--served-model-name") + 1], child)
+    return {model: process for model, process in matched.values() if process.ppid() not in matched}
 
 
 def copies(url: str) -> dict[str, dict]:

@@ -59,6 +59,10 @@ async def test_the_event_loop_and_worker_threads_share_the_one_client(
         _, spec = iris_copy(sample_specs, tmp_path, name)
         workers.append(engine.create(spec, context_for(backend)))
     try:
+        # A pod's sidecar has answered ready before models load (its startup probe); a probe left
+        # unanswered while Triton is busy loading then keeps that answer (the health grace) instead of
+        # reading as down, which on a loaded 2-core CI machine it was (all 20 answers False).
+        assert await backends.ready()
         loads = [asyncio.to_thread(worker.load) for worker in workers]
         readiness = [backends.ready() for _ in range(20)]
         results = await asyncio.gather(*loads, *readiness)

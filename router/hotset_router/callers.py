@@ -9,7 +9,10 @@ questions in its own terms, as it does for kubectl:
   create token SA --audience hotset``, or a projected token volume), and so
   does anything else the API server authenticates (an OIDC issuer it trusts);
   a token for another audience (a pod's default one, made for the API server)
-  does not, so a token given to the router cannot be replayed elsewhere;
+  does not, so a token given to the router cannot be replayed elsewhere. A
+  token of an OIDC issuer the router is configured with (``--auth-config``,
+  Kubernetes' own AuthenticationConfiguration format) is verified by the router
+  itself first (jwt_issuers.py), with no API call;
 - *may they*: a SubjectAccessReview of ``create`` on ``servedmodels/predict``
   for that model by name, in its namespace. That is RBAC: a RoleBinding to the
   chart's caller ClusterRole grants a namespace's models, ``resourceNames``
@@ -34,6 +37,7 @@ from typing import Any, Awaitable, Callable, Generic, Hashable, Iterable, Mappin
 
 from hotset_common import errors, http, wire
 from hotset_common import spec as spec_module
+from hotset_router.jwt_issuers import Identity, IssuerUnavailable, JwtAuthenticator, JwtIssuers, Refusal
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +59,9 @@ class Caller:
     uid: str = ""
     groups: tuple[str, ...] = ()
     extra: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    # When its token expires (a JWT verified here), checked on each use of a kept identity; not part
+    # of who it is, so its grants are kept per caller, not per token.
+    expires: float | None = dataclasses.field(default=None, compare=False)
 
 
 class Reviews(Protocol):
@@ -157,6 +164,7 @@ class CallerSettings:
     max_entries: int = 10_000  # of each cache
     review_timeout_s: float = 5.0
     retry_after_s: int = 5  # when the API server did not answer
+    issuers: tuple[JwtAuthenticator, ...] = ()  # OIDC issuers whose tokens the router verifies itself
 
 
 class Callers:
@@ -165,14 +173,20 @@ class Callers:
 
     def __init__(self, reviews: Reviews | None, namespace_of: Callable[[str], str | None],
                  settings: CallerSettings = CallerSettings(), clock: Callable[[], float] = time.monotonic,
-                 on_review: Callable[[str, str], None] = lambda question, answer: None) -> None:
-        """`on_review(question, answer)` after each API call: "who" or "may"; "yes", "no" or "error"."""
+                 on_review: Callable[[str, str], None] = lambda question, answer: None,
+                 wall_clock: Callable[[], float] = time.time) -> None:
+        """`on_review(question, answer)` after each check: "who" or "may" (an API call), or "jwt" (a
+        token verified here); "yes", "no" or "error"."""
         if settings.mode == AuthMode.KUBERNETES and reviews is None:
             raise ValueError("--auth kubernetes needs the Kubernetes API (cluster mode)")
         self.settings = settings
         self.reviews = reviews if settings.mode == AuthMode.KUBERNETES else None
         self.namespace_of = namespace_of
         self.on_review = on_review
+        self._wall_clock = wall_clock
+        self.issuers = JwtIssuers(settings.issuers, settings.review_timeout_s)
+        self._verified: Answers[str, Caller | Refusal] = Answers(settings.cache_s, settings.refused_cache_s,
+                                                                 settings.max_entries, clock)
         self._identities: Answers[str, Caller | None] = Answers(settings.cache_s, settings.refused_cache_s,
                                                                 settings.max_entries, clock)
         self._grants: Answers[tuple[Caller, str, str | None], bool] = Answers(
@@ -214,11 +228,28 @@ class Callers:
                                       f"<token>', a token for the audience {', '.join(self.settings.audiences)!r} "
                                       "(kubectl create token <service-account> --audience ...)")
         digest = hashlib.sha256(token.encode()).hexdigest()
+        refusal = None
+        issuer = self.issuers.issuer_for(token)
+        if issuer is not None:
+            verified = await self._verified.get(digest, lambda: self._review("jwt", self._verify, issuer, token))
+            if isinstance(verified, Caller):
+                if verified.expires is not None and verified.expires <= self._wall_clock():
+                    raise errors.Unauthorized(f"the bearer token of {issuer.url} has expired")
+                return verified
+            refusal = verified  # the API server may still authenticate it, as it tries each authenticator
         caller = await self._identities.get(digest, lambda: self._review("who", self.reviews.who, token))  # type: ignore[union-attr]
         if caller is None:
-            raise errors.Unauthorized("the bearer token authenticates nobody here: it is expired, revoked, or made "
-                                      f"for another audience than {', '.join(self.settings.audiences)!r}")
+            raise errors.Unauthorized("the bearer token authenticates nobody here: " + (
+                f"{refusal.reason}, and the API server does not authenticate it either" if refusal is not None else
+                f"it is expired, revoked, or made for another audience than {', '.join(self.settings.audiences)!r}"))
         return caller
+
+    @staticmethod
+    def _verify(issuer: Any, token: str) -> Caller | Refusal:
+        found = issuer.who(token)
+        if isinstance(found, Identity):
+            return Caller(found.name, found.uid, found.groups, expires=found.expires)
+        return found
 
     async def visible(self, headers: Mapping[str, str], models: Iterable[str]) -> list[str]:
         """Those of `models` a listing may show this request: of its namespace, when it names one, and,
@@ -243,6 +274,11 @@ class Callers:
     async def _review(self, question: str, ask: Callable[..., Value], *args: Any) -> Value:
         try:
             answer = await asyncio.to_thread(ask, *args)
+        except IssuerUnavailable as exc:  # the issuer's keys could not be fetched: never a pass
+            log.warning("caller check (%s) failed: %s", question, exc)
+            self.on_review(question, "error")
+            raise errors.BackendUnavailable(f"could not check the caller's token: {exc}; try again",
+                                            self.settings.retry_after_s) from None
         except Exception as exc:  # an API error, a timeout, a refused connection: say so, never pass
             log.warning("caller review (%s) failed: %s", question, exc)
             self.on_review(question, "error")

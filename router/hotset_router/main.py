@@ -17,6 +17,7 @@ import uvicorn
 
 from hotset_common import grpc_wire, labels, quantity, slow_clients
 from hotset_common.worker_ownership import WorkerTrust
+from hotset_router import jwt_issuers
 from hotset_router.api import DEFAULT_MAX_BODY_BYTES, create_app
 from hotset_router.callers import DEFAULT_AUDIENCE, AuthMode, CallerSettings, KubernetesReviews, Reviews
 from hotset_router.flood import Limits
@@ -95,6 +96,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--auth-cache-seconds", type=float, default=float(env("HOTSET_ROUTER_AUTH_CACHE_SECONDS", "30")),
                    help="how long an identity or a grant is kept before the API server is asked again "
                         "(a refusal: 5 s at most)")
+    p.add_argument("--auth-config", default=env("HOTSET_ROUTER_AUTH_CONFIG", ""),
+                   help="an AuthenticationConfiguration file (Kubernetes' own format, apiserver.config.k8s.io): "
+                        "the OIDC issuers whose tokens the router verifies itself, beside the TokenReview "
+                        "(with --auth kubernetes)")
     p.add_argument("--log-level", default=env("HOTSET_LOG_LEVEL", "info"))
     slow_clients.add_arguments(p)
     return p.parse_args(argv)
@@ -147,8 +152,12 @@ def caller_settings(args: argparse.Namespace) -> CallerSettings:
     if mode == AuthMode.KUBERNETES and not args.cluster:
         raise SystemExit("hotset-router: --auth kubernetes needs --cluster (callers are checked by the Kubernetes API)")
     audiences = tuple(a.strip() for a in args.auth_audiences.split(",") if a.strip())
+    issuers = jwt_issuers.load_configuration(Path(args.auth_config)) if args.auth_config else ()
+    if issuers and mode != AuthMode.KUBERNETES:
+        raise SystemExit("hotset-router: --auth-config needs --auth kubernetes (a SubjectAccessReview decides "
+                         "which models a verified caller may call)")
     return CallerSettings(mode=mode, audiences=audiences, cache_s=args.auth_cache_seconds,
-                          refused_cache_s=min(5.0, args.auth_cache_seconds))
+                          refused_cache_s=min(5.0, args.auth_cache_seconds), issuers=issuers)
 
 
 def build_reviews(settings: CallerSettings) -> Reviews | None:

@@ -2,6 +2,7 @@
 operator exactly what it needs: it works under its own ServiceAccount and can do nothing more."""
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -191,6 +192,39 @@ def test_router_values_land_in_the_router_env_and_the_router_reads_them(kube_clu
     assert (args.auth, args.auth_audiences, args.auth_cache_seconds) == ("kubernetes", "hotset", 30)
     token = next(e for e in env if e["name"] == "HOTSET_ADMIN_TOKEN")
     assert token["valueFrom"] == {"secretKeyRef": {"name": "admin", "key": "secret-token"}}
+
+
+def test_oidc_issuers_reach_the_router_in_kubernetes_format_and_roll_it_when_they_change(
+        kube_cluster: KubeCluster, tmp_path: Path) -> None:
+    from hotset_router import jwt_issuers
+
+    def rendered(audience: str) -> list[dict]:
+        entry = {"issuer": {"url": "https://idp.example.test", "audiences": [audience]},
+                 "claimMappings": {"username": {"claim": "email", "prefix": "idp:"}}}
+        return chart.render(kube_cluster, "--set-json", f"router.auth.jwt=[{json.dumps(entry)}]")
+
+    documents = rendered("hotset")
+    router = chart.document(documents, "Deployment", "hotset-router")
+    path = chart.env_values(router)["HOTSET_ROUTER_AUTH_CONFIG"]
+    (mount,) = router["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]
+    assert path.startswith(mount["mountPath"] + "/")
+    config = chart.document(documents, "ConfigMap", "hotset-router-auth")["data"][Path(path).name]
+    (read,) = jwt_issuers.load_configuration(_written(tmp_path, config))  # what the router reads, it accepts
+    assert read.issuer.audiences == ["hotset"] and read.claim_mappings.username.prefix == "idp:"
+    rolled = chart.document(rendered("other"), "Deployment", "hotset-router")
+    annotation = "hotset.io/auth-config"
+    assert rolled["spec"]["template"]["metadata"]["annotations"][annotation] != \
+        router["spec"]["template"]["metadata"]["annotations"][annotation]
+
+    default = chart.render(kube_cluster)  # no issuers: no file, no variable
+    assert "HOTSET_ROUTER_AUTH_CONFIG" not in chart.env_values(chart.document(default, "Deployment", "hotset-router"))
+    assert not [d for d in default if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "hotset-router-auth"]
+
+
+def _written(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "authentication.yaml"
+    path.write_text(text)
+    return path
 
 
 def test_router_has_no_admin_token_unless_a_secret_is_named(kube_cluster: KubeCluster) -> None:

@@ -9,6 +9,11 @@ SubjectAccessReview, with RBAC deciding.
 """
 from __future__ import annotations
 
+import base64
+import contextlib
+import json
+from pathlib import Path
+
 import httpx
 import numpy as np
 import pytest
@@ -78,30 +83,35 @@ def token(core, namespace: str, service_account: str, audiences: list[str]) -> s
     return core.create_namespaced_service_account_token(service_account, namespace, request).status.token
 
 
-@pytest.fixture
-def authenticated_router(api, tenants, procs, kube_cluster, tmp_path):
-    """One worker that can serve both models (a pod in default), and the router checking callers."""
-    core, _ = tenants
+@contextlib.contextmanager
+def router_checking_callers(core, procs, kube_cluster, tmp_path, name: str, ip: str, extra_args: list[str] = ()):
+    """One worker that can serve both models (pod `name` in default, on `ip`), and the router checking callers."""
     store = write_ballast_store(tmp_path, {"alpha": {"mib": 2}, "beta": {"mib": 2}})
-    ip = "127.0.0.51"
     port = free_port_on(ip)
-    worker = local_stack.start_worker("worker-auth", store, procs.log_dir, "50Mi", port=port, host=ip,
+    worker = local_stack.start_worker(name, store, procs.log_dir, "50Mi", port=port, host=ip,
                                       extra_args=["--min-residency-s", "0", "--grpc-port", "0"], launcher=BALLAST_LAUNCHER)
     procs.started.append(worker)
     local_stack.wait_http(worker, "/v2/health/ready", 90)
-    make_pod(core, "pod-worker-auth", None)
-    set_ready(core, "pod-worker-auth", ip, True)
+    make_pod(core, f"pod-{name}", None)
+    set_ready(core, f"pod-{name}", ip, True)
     grpc_port = free_port()
     try:
         router = procs.router([], args=[
             "--grpc-port", str(grpc_port),
             "--cluster", "--kubeconfig", str(kube_cluster.kubeconfig), "--namespace", "default",
             "--watch-namespaces", "default,tenant-a,tenant-b", "--worker-selector", SELECTOR, *STAND_IN_ARGS,
-            "--worker-port", str(port), "--auth", "kubernetes", "--auth-audiences", "hotset"], urls=["unused"])
+            "--worker-port", str(port), "--auth", "kubernetes", "--auth-audiences", "hotset", *extra_args],
+            urls=["unused"])
         wait_for(lambda: httpx.get(f"{router.url}/v2/health/ready", timeout=5).status_code == 200, "a ready pod", 60)
         yield router, worker, f"127.0.0.1:{grpc_port}"
     finally:
-        core.delete_namespaced_pod("pod-worker-auth", "default", grace_period_seconds=0)
+        core.delete_namespaced_pod(f"pod-{name}", "default", grace_period_seconds=0)
+
+
+@pytest.fixture
+def authenticated_router(api, tenants, procs, kube_cluster, tmp_path):
+    with router_checking_callers(tenants[0], procs, kube_cluster, tmp_path, "worker-auth", "127.0.0.51") as started:
+        yield started
 
 
 def predict(url: str, model: str, token: str | None = None, prefix: str = "") -> httpx.Response:
@@ -208,3 +218,90 @@ def test_a_namespace_over_its_modelquota_rate_gets_429_and_other_namespaces_are_
     finally:
         custom.delete_namespaced_custom_object(GROUP, VERSION, "tenant-a", "modelquotas", "rate")
     wait_for(lambda: predict(router.url, "alpha", app_token).status_code == 200, "no limit once the quota goes", 30)
+
+
+CORP_AUDIENCE = "corp-gateway"
+
+
+@pytest.fixture
+def published_issuer(api, kube_cluster, tmp_path):
+    """The API server as an OIDC issuer the router is told to trust (as an identity provider a
+    cluster's API server does not trust would be): its discovery document and keys published to
+    anonymous readers, as one publishes a cluster's issuer, and an AuthenticationConfiguration in
+    Kubernetes' own format naming it, for tokens of another audience than the TokenReview's."""
+    from kubernetes import client
+
+    rbac = client.RbacAuthorizationV1Api(api)
+    rbac.create_cluster_role_binding({
+        "metadata": {"name": "test-public-issuer"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                    "name": "system:service-account-issuer-discovery"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "system:unauthenticated"}]})
+    kubeconfig = json.loads(kube_cluster.kubectl("config", "view", "--raw", "-o", "json").stdout)
+    cluster = kubeconfig["clusters"][0]["cluster"]
+    ca = base64.b64decode(cluster["certificate-authority-data"]).decode() if "certificate-authority-data" in cluster \
+        else Path(cluster["certificate-authority"]).read_text()
+    issuer = "https://kubernetes.default.svc.cluster.local"
+    config = tmp_path / "authentication.yaml"
+    config.write_text(json.dumps({
+        "apiVersion": "apiserver.config.k8s.io/v1", "kind": "AuthenticationConfiguration",
+        "jwt": [{"issuer": {"url": issuer, "discoveryURL": f"{kube_cluster.server}/.well-known/openid-configuration",
+                            "audiences": [CORP_AUDIENCE], "certificateAuthority": ca},
+                 "claimMappings": {"username": {"claim": "sub", "prefix": "corp:"}}}]}))
+    try:
+        yield config, issuer
+    finally:
+        rbac.delete_cluster_role_binding("test-public-issuer")
+
+
+def test_callers_of_an_oidc_issuer_the_router_trusts_are_verified_by_the_router_and_allowed_by_rbac(
+        api, tenants, procs, kube_cluster, tmp_path, published_issuer):
+    import jwt
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    core, rbac = tenants
+    config, issuer = published_issuer
+    with router_checking_callers(core, procs, kube_cluster, tmp_path, "worker-oidc", "127.0.0.52",
+                                 ["--auth-config", str(config)]) as (router, worker, _):
+        corp_token = token(core, "tenant-a", "app", [CORP_AUDIENCE])
+        caller = "corp:system:serviceaccount:tenant-a:app"  # the issuer's subject, with the entry's prefix
+
+        # verified by the router (no TokenReview), named as the entry maps it, and refused by RBAC
+        # until that name is granted the model
+        token_reviews = worker_metric(router.url, "hotset_router_caller_reviews_total", question="who")
+        answer = predict(router.url, "alpha", corp_token)
+        assert answer.status_code == 403, answer.text
+        assert caller in answer.json()["detail"], answer.text
+        assert worker_metric(router.url, "hotset_router_caller_reviews_total", question="jwt", answer="yes") == 1
+        assert loads(worker.url, "alpha") == 0
+        rbac.create_namespaced_role_binding("tenant-a", {
+            "metadata": {"name": "corp-app-calls-tenant-a"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": CALLER_ROLE},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": caller}]})
+        wait_for(lambda: predict(router.url, "alpha", corp_token).status_code == 200, "the grant to the issuer's caller", 20)
+        assert predict(router.url, "beta", corp_token).status_code == 403  # tenant-b's model is not granted
+        assert worker_metric(router.url, "hotset_router_caller_reviews_total", question="who") == token_reviews
+
+        # the hot path verifies nothing again while the identity is kept
+        asked = reviews(router.url)
+        for _ in range(20):
+            assert predict(router.url, "alpha", corp_token).status_code == 200
+        assert reviews(router.url) == asked
+
+        # a token that claims the issuer but another key signed it: 401 saying why, nothing loads
+        claims = jwt.decode(corp_token, options={"verify_signature": False})
+        forger = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        forged = jwt.encode({**claims, "sub": "system:serviceaccount:tenant-b:admin"}, forger, algorithm="RS256",
+                            headers={"kid": jwt.get_unverified_header(corp_token)["kid"]})
+        answer = predict(router.url, "beta", forged)
+        assert answer.status_code == 401, answer.text
+        assert issuer in answer.json()["detail"] and "does not verify" in answer.json()["detail"], answer.text
+        # ...and one of another audience than the entry's or the router's: 401 naming the audience
+        answer = predict(router.url, "alpha", token(core, "tenant-a", "app", ["elsewhere"]))
+        assert answer.status_code == 401 and CORP_AUDIENCE in answer.json()["detail"], answer.text
+        assert loads(worker.url, "beta") == 0
+
+        # tokens the entry does not take still go to the TokenReview: the router's own audience passes
+        assert predict(router.url, "alpha", token(core, "tenant-a", "app", ["hotset"])).status_code == 200
+        assert worker_metric(router.url, "hotset_router_caller_reviews_total", question="who") > token_reviews
+        rbac.delete_namespaced_role_binding("corp-app-calls-tenant-a", "tenant-a")

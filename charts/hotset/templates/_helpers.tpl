@@ -227,3 +227,10 @@ egress:
 {{- define "hotset.withContacts" -}}
 ({{ . }}) * on (model) group_left (owner, oncall) max by (model, owner, oncall) (hotset_model_info) or (({{ . }}) unless on (model) hotset_model_info)
 {{- end -}}
+
+{{/* The router's AuthenticationConfiguration (Kubernetes' own format) from router.auth.jwt. */}}
+{{- define "hotset.routerAuthConfig" -}}
+apiVersion: apiserver.config.k8s.io/v1
+kind: AuthenticationConfiguration
+jwt: {{- toYaml .Values.router.auth.jwt | nindent 2 }}
+{{- end }}

@@ -3,13 +3,20 @@ bodies and bearer tokens. The worker and the router both use each, so they answe
 from __future__ import annotations
 
 import hmac
+import json
 import zlib
-from typing import Mapping
+from typing import Any, Awaitable, Callable, Mapping
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from hotset_common import errors
+
+# Plain ASGI, for the routes router and workers serve in front of their FastAPI apps.
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 # Request headers a caller's bearer token travels in.
 AUTHORIZATION = "authorization"
@@ -31,17 +38,41 @@ def install_error_handler(app: FastAPI) -> None:
 
 async def read_body_limited(request: Request, limit_bytes: int) -> bytes:
     """Read a request body, refusing (413) as soon as it passes `limit_bytes`."""
-    declared = request.headers.get("content-length")
+    return await read_body(request.receive, request.headers.get("content-length"), limit_bytes)
+
+
+async def read_body(receive: Receive, declared: str | None, limit_bytes: int) -> bytes:
+    """The whole body of a plain ASGI request (`declared`: its Content-Length header), refused
+    (413) as soon as it passes `limit_bytes`; 400 when the client leaves before sending it all."""
     if declared is not None and declared.isdigit() and int(declared) > limit_bytes:
         raise errors.PayloadTooLarge(f"request body of {declared} bytes exceeds the limit of {limit_bytes} bytes")
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise errors.BadInput("client disconnected before sending the whole body")
+        chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit_bytes:
             raise errors.PayloadTooLarge(f"request body exceeds the limit of {limit_bytes} bytes")
         chunks.append(chunk)
-    return b"".join(chunks)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+async def respond(send: Send, status: int, body: bytes, headers: Mapping[str, str]) -> None:
+    """A whole answer over plain ASGI (the inference routes served in front of FastAPI)."""
+    raw = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+    raw.append((b"content-length", str(len(body)).encode()))
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def respond_error(send: Send, exc: errors.HotsetError) -> None:
+    """`exc` as every hotset server answers it (``error_body``, its status and headers)."""
+    payload = json.dumps(error_body(exc.message)).encode()
+    await respond(send, exc.status_code, payload, {"content-type": "application/json", **exc.headers})
 
 
 _ZLIB_WINDOW = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}

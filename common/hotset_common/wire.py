@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import math
+import re
 from typing import Any, Mapping, NamedTuple
 
 from pydantic import BaseModel, Field
@@ -18,6 +19,8 @@ from hotset_common.spec import MAX_MODEL_ID, LatencyClass
 # A caller's time budget for one request, in seconds (decimal): how long a worker may let it wait
 # for room and for its model's load. The router sends what is left of its own request timeout.
 TIMEOUT_HEADER = "x-hotset-timeout"
+# OIP v2 infer, the route router and workers serve in front of their FastAPI apps (inference_asgi.py).
+INFER_PATH = re.compile(r"^/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/]+))?/infer$")
 # Where worker pods and the router serve OIP v2 over gRPC in a cluster (grpc_wire.py); here, not
 # there, so the operator, which builds the pods and speaks no gRPC, reads it without grpcio.
 GRPC_PORT = 8081

@@ -18,13 +18,12 @@ client's raw (still percent-encoded) path.
 from __future__ import annotations
 
 import functools
-import json
-import re
-from typing import Annotated, Any, Awaitable, Callable, Mapping
+from typing import Annotated
 
 import msgspec
 
 from hotset_common import errors, http, wire
+from hotset_common.http import ASGIApp, Receive, Scope, Send
 from hotset_common.wire import VERSION_HEADER
 from hotset_router import telemetry
 from hotset_router.flood import FloodGuard
@@ -33,13 +32,8 @@ from hotset_router.routing import Router
 from hotset_router.telemetry import RouterMetrics
 from hotset_router.upstream import PASSED_RESPONSE_HEADERS, UpstreamResponse
 
-Scope = dict[str, Any]
-Receive = Callable[[], Awaitable[dict[str, Any]]]
-Send = Callable[[dict[str, Any]], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 UNKNOWN_MODEL_LABEL = telemetry.UNKNOWN_MODEL
-INFER_PATH = re.compile(r"^/v2/models/(?P<name>[^/]+)(?:/versions/[^/]+)?/infer$")
 
 
 class _PredictHead(msgspec.Struct):
@@ -69,13 +63,6 @@ def metric_label(router: Router, model: str) -> str:
     return router.metrics.label(model, router.model_map.is_known(model))
 
 
-async def respond(send: Send, status: int, body: bytes, headers: Mapping[str, str]) -> None:
-    raw = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
-    raw.append((b"content-length", str(len(body)).encode()))
-    await send({"type": "http.response.start", "status": status, "headers": raw})
-    await send({"type": "http.response.body", "body": body})
-
-
 class InferenceRoutes:
     """Serves the inference routes itself and hands every other request to `app`."""
 
@@ -92,7 +79,7 @@ class InferenceRoutes:
             if path == "/predict":
                 await self.serve(scope, receive, send, None)
                 return
-            match = INFER_PATH.match(path)
+            match = wire.INFER_PATH.match(path)
             if match:
                 await self.serve(scope, receive, send, match.group("name"))
                 return
@@ -119,8 +106,7 @@ class InferenceRoutes:
                 passed = {k: v for k, v in upstream.headers.items() if k.lower() in PASSED_RESPONSE_HEADERS}
                 if version := passed.get(VERSION_HEADER) or upstream.headers.get(VERSION_HEADER):
                     self.metrics.answered_by(self.label(model), version)
-                await respond(send, record.code, upstream.content, passed)
+                await http.respond(send, record.code, upstream.content, passed)
             except errors.HotsetError as exc:
                 record.code = exc.status_code
-                payload = json.dumps(http.error_body(exc.message)).encode()
-                await respond(send, record.code, payload, {"content-type": "application/json", **exc.headers})
+                await http.respond_error(send, exc)

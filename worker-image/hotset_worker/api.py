@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 from typing import Any, AsyncIterator, Callable
@@ -48,12 +49,14 @@ from fastapi import FastAPI, Header, Request, Response
 from fastapi.responses import JSONResponse
 
 from hotset_common import errors, http, wire
+from hotset_common.http import ASGIApp
 from hotset_worker import codec, grpc_api, openai_routes, status_report
 from hotset_worker.repository import repository_entries
 from hotset_worker.backends import Backends
-from hotset_worker.dataplane import OFF_LOOP_BYTES, DataPlane
+from hotset_worker.dataplane import DataPlane
+from hotset_worker.inference_asgi import InferenceRoutes
 from hotset_worker.limits import DEFAULT_MAX_QUEUE as DEFAULT_MAX_MODEL_QUEUE, ModelLimiter
-from hotset_worker.manager import ModelManager, RequestTiming
+from hotset_worker.manager import ModelManager
 from hotset_worker.metrics import WorkerMetrics
 from hotset_worker.models_report import ModelsReport
 
@@ -84,7 +87,7 @@ def create_app(
     max_model_queue: int = DEFAULT_MAX_MODEL_QUEUE,
     draining: Callable[[], bool] = lambda: False,
     grpc_address: str | None = None,
-) -> FastAPI:
+) -> ASGIApp:
     """A worker app around an assembled manager; it owns their lifetime from start-up to shutdown.
 
     `prepare` runs on a thread at start-up without delaying it (e.g. importing
@@ -132,8 +135,6 @@ def create_app(
 
     app = FastAPI(title="hotset worker", version=SERVER_VERSION, lifespan=lifespan)
     http.install_error_handler(app)
-    if api_token:
-        app.add_middleware(RequireToken, token=api_token)
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
@@ -162,22 +163,12 @@ def create_app(
 
     # ----- seed API ------------------------------------------------------
 
-    @app.post("/predict", openapi_extra=request_body_schema(wire.PredictRequest.model_json_schema()))
-    async def predict(request: Request) -> Response:
-        raw = await body_of(request)
-        encoding = request.headers.get("content-encoding")
-
-        def parse() -> wire.PredictRequest:
-            return parse_json_model(wire.PredictRequest, http.decompress(raw, encoding, max_body_bytes))
-
-        body = parse() if len(raw) <= OFF_LOOP_BYTES and not encoding else await asyncio.to_thread(parse)
-        timing = RequestTiming()
-        dataplane.note_share_weight(request.headers.get(wire.SHARE_WEIGHT_HEADER))
-        predictions = await dataplane.predict(body.model_id, body.input_data, timeout_of(request), timing,
-                                              request.headers.get(wire.VARIANT_HEADER))
-        answer = wire.PredictResponse(model_id=body.model_id, predictions=predictions, model_version=timing.version)
-        return Response(answer.model_dump_json(), media_type="application/json",
-                        headers={"Server-Timing": timing.header(), wire.VERSION_HEADER: timing.version})
+    # The two inference routes are served in front of this app (inference_asgi.py); they are
+    # declared here only so that the OpenAPI document describes them to clients and to fuzzing.
+    @app.post("/predict", openapi_extra=request_body_schema(wire.PredictRequest.model_json_schema()),
+              summary="Seed inference (served by inference_asgi)")
+    async def predict_described() -> Response:
+        raise errors.HotsetError("/predict is served in front of this app")  # never reached
 
     @app.get("/models")
     async def models(limit: int | None = None, after: str = "") -> Response:
@@ -214,22 +205,11 @@ def create_app(
         is_ready = await dataplane.model_ready(name, version)
         return JSONResponse({"name": name, "ready": is_ready}, status_code=200 if is_ready else 503)
 
-    @app.post("/v2/models/{name}/infer", openapi_extra=request_body_schema(codec.INFER_REQUEST_SCHEMA))
+    @app.post("/v2/models/{name}/infer", openapi_extra=request_body_schema(codec.INFER_REQUEST_SCHEMA),
+              summary="OIP v2 inference (served by inference_asgi)")
     @app.post("/v2/models/{name}/versions/{version}/infer", openapi_extra=request_body_schema(codec.INFER_REQUEST_SCHEMA))
-    async def infer(name: str, request: Request, version: str | None = None) -> Response:
-        body = await body_of(request)
-
-        def decode() -> codec.InferRequest:
-            header_length = parse_header_length(request.headers.get(codec.HEADER_LENGTH))
-            raw = http.decompress(body, request.headers.get("content-encoding"), max_body_bytes)
-            return codec.decode_request(raw, header_length)
-
-        timing = RequestTiming()
-        dataplane.note_share_weight(request.headers.get(wire.SHARE_WEIGHT_HEADER))
-        answer = await dataplane.infer(name, version, body, request.headers, decode, timeout_of(request), timing,
-                                       request.headers.get(wire.VARIANT_HEADER))
-        return Response(content=answer.body, status_code=answer.status,
-                        headers={**answer.headers, "Server-Timing": timing.header(), wire.VERSION_HEADER: timing.version})
+    async def infer_described(name: str, version: str | None = None) -> Response:
+        raise errors.HotsetError("infer is served in front of this app")  # never reached
 
     # ----- OIP v2: repository ----------------------------------------------
 
@@ -272,7 +252,9 @@ def create_app(
     # ----- OpenAI-compatible API (openai_routes.py) --------------------------
     openai_routes.install(app, dataplane, metrics, max_body_bytes=max_body_bytes, timeout_of=timeout_of)
 
-    return app
+    served: ASGIApp = InferenceRoutes(app, dataplane, max_body_bytes, functools.partial(parse_json_model,
+                                                                                       wire.PredictRequest))
+    return RequireToken(served, token=api_token) if api_token else served
 
 
 class RequireToken:
@@ -331,14 +313,6 @@ def request_body_schema(schema: dict[str, Any]) -> dict[str, Any]:
     """An OpenAPI requestBody for a route that reads its body itself (bounded, maybe compressed):
     clients and the fuzzing test see what it takes."""
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
-
-
-def parse_header_length(value: str | None) -> int | None:
-    if value is None:
-        return None
-    if not value.strip().isdigit():
-        raise errors.BadInput(f"{codec.HEADER_LENGTH} must be a byte count, got {errors.excerpt(value)}")
-    return int(value)
 
 
 def _framework_of(manager: ModelManager, model_id: str) -> str:

@@ -137,6 +137,15 @@ def _parse_header(header_bytes: bytes) -> _InferRequestHeader:
         raise refusal(exc, "invalid inference request") from None
 
 
+def parse_header_length(value: str | None) -> int | None:
+    """The binary extension's ``Inference-Header-Content-Length``: the JSON header's byte count."""
+    if value is None:
+        return None
+    if not value.strip().isdigit():
+        raise errors.BadInput(f"{HEADER_LENGTH} must be a byte count, got {errors.excerpt(value)}")
+    return int(value)
+
+
 def refusal(exc: pydantic.ValidationError, what: str) -> errors.HotsetError:
     """What a body pydantic refused gets: 400 when it is nested past pydantic's JSON parser (the
     same answer the router gives past its own parser), else 422 naming the fields at fault."""

@@ -99,6 +99,48 @@ async def warm_requests(url: str, trace: list[str], concurrency: int) -> dict[st
             "mean_ms": round(statistics.fmean(seconds) * 1000, 2)}
 
 
+async def open_loop(url: str, trace: list[str], rate: float) -> dict[str, Any]:
+    """The second harness: `trace` sent on a schedule of `rate` requests a second whatever the
+    answers do (each on its own connection slot), so latency is the worker's at that load, not a
+    closed loop's queue; also how far the sender fell behind its schedule (its own lag)."""
+    seconds: list[float] = []
+    lag: list[float] = []
+    failed = 0
+    limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
+    async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as client:
+        async def one(model: str) -> None:
+            nonlocal failed
+            started = time.perf_counter()
+            answer = await client.post("/predict", json={"model_id": model, "input_data": TEXT})
+            seconds.append(time.perf_counter() - started)
+            failed += answer.status_code != 200
+
+        begin = time.perf_counter()
+        sent = []
+        for index, model in enumerate(trace):
+            due = begin + index / rate
+            delay = due - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            lag.append(max(0.0, time.perf_counter() - due))
+            sent.append(asyncio.create_task(one(model)))
+        await asyncio.gather(*sent)
+    seconds.sort()
+    lag.sort()
+    return {"requests": len(seconds), "failed": failed, "rate": rate,
+            "p50_ms": round(seconds[len(seconds) // 2] * 1000, 2),
+            "p99_ms": round(seconds[int(0.99 * len(seconds))] * 1000, 2),
+            "sender_lag_p99_ms": round(lag[int(0.99 * len(lag))] * 1000, 2)}
+
+
+def open_loop_one_against_all(url: str, ids: list[str], rate: float, seconds: float) -> list[dict[str, Any]]:
+    """Open-loop warm requests for one copy and spread over every copy, alternating, two rounds."""
+    count = int(rate * seconds)
+    traces = {"one copy": [ids[0]] * count, "all copies": random.Random(3).choices(ids, k=count)}
+    return [{"round": round_number, "target": name, **asyncio.run(open_loop(url, trace, rate))}
+            for round_number in (1, 2) for name, trace in traces.items()]
+
+
 def one_copy_against_all(url: str, pid: int, ids: list[str], requests: int, concurrency: int) -> list[dict[str, Any]]:
     """Warm requests for one copy and for all of them, alternating, two rounds; each with the
     worker's CPU milliseconds per request (user + system, all its threads). One copy batches
@@ -133,6 +175,8 @@ def main() -> None:
     parser.add_argument("--copies", type=int, default=5000)
     parser.add_argument("--requests", type=int, default=4000)
     parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--rate", type=float, default=100.0, help="the open loop's requests a second")
+    parser.add_argument("--open-seconds", type=float, default=20.0, help="each open-loop run's length")
     args = parser.parse_args()
     from hotset_worker import samples
 
@@ -163,6 +207,7 @@ def main() -> None:
             warm = asyncio.run(warm_requests(url, trace, args.concurrency))
             after_requests = memory_of(child.pid)
             side_by_side = one_copy_against_all(url, child.pid, ids, args.requests, args.concurrency)
+            opened = open_loop_one_against_all(url, ids, args.rate, args.open_seconds)
             models_paged = timed_get(url, "/models?limit=100")
             models_whole = timed_get(url, "/models")
             metrics_time = timed_get(url, "/metrics")
@@ -189,6 +234,12 @@ def main() -> None:
     print(f"worker CPU per request, all copies / one copy: {mean['all copies'] / mean['one copy']:.2f}x; "
           f"a closed loop of {args.concurrency} on {psutil.cpu_count()} cores cannot beat "
           f"{args.concurrency * mean['all copies'] / psutil.cpu_count():.1f} ms at p50 with the worker's own CPU alone")
+    print(f"open loop at {args.rate:g} req/s, {args.open_seconds:g} s a run (the second harness):")
+    print("| round | requests for | p50 ms | p99 ms | sender lag p99 ms | failed |")
+    print("|---|---|---|---|---|---|")
+    for row in opened:
+        print(f"| {row['round']} | {row['target']} | {row['p50_ms']} | {row['p99_ms']} | {row['sender_lag_p99_ms']} | "
+              f"{row['failed']} |")
     print(f"GET /models?limit=100: {models_paged[0]:.1f} ms, {models_paged[1]} bytes; "
           f"GET /models: {models_whole[0]:.1f} ms, {models_whole[1]} bytes")
     print(f"GET /metrics: {metrics_time[0]:.1f} ms, {metrics_time[1]} bytes, {series} samples")

@@ -13,11 +13,10 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import uvicorn
-from fastapi import FastAPI
-
 from hotset_testing import ballast_framework as ballast, polling
 from hotset_testing.processes import REPO, free_port, spawn, wait_http
 from hotset_common.eviction import EvictionPolicy
+from hotset_common.http import ASGIApp
 from hotset_worker import api
 from hotset_worker.backends import Backends
 from hotset_worker.manager import ModelManager
@@ -47,7 +46,7 @@ def ballast_app(
     inference_threads: int | None = None,
     grpc_address: str | None = None,
     **manager_options: Any,
-) -> FastAPI:
+) -> ASGIApp:
     """A complete worker app whose in-process models are ballast models (`grpc_address`: OIP v2
     over gRPC there too, e.g. ``127.0.0.1:0``; the port is in its ``/status``)."""
     metrics = WorkerMetrics(pod_name, budget)
@@ -63,7 +62,7 @@ def ballast_app(
 
 
 @contextlib.contextmanager
-def serve_in_thread(app: FastAPI) -> Iterator[str]:
+def serve_in_thread(app: ASGIApp) -> Iterator[str]:
     """Serve `app` with a real uvicorn on a free loopback port; yields its base URL."""
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))

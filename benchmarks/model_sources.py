@@ -18,6 +18,8 @@ Starts the real pieces on loopback: MinIO (scripts/install-s3.sh), a tritonserve
    (staged by copying the folder, as before) and from ``s3://`` (cached, staged by linking),
    loads alternating; client wall time of ``POST .../load`` and the worker's own
    ``hotset_model_load_seconds`` side by side (two harnesses).
+4. **Small models**: the twelve small BERTs of bench_models.py (0.5-7 MB), each loaded from
+   ``file://`` and from the cache, alternating, medians by both harnesses.
 
 Usage: .venv/bin/python benchmarks/model_sources.py [--rounds 3] [--mb 200] [--json-out FILE]
 """
@@ -42,6 +44,9 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import bench_models  # noqa: E402
 from hotset_testing import s3_server  # noqa: E402
 from hotset_testing.cutting_proxy import CuttingProxy  # noqa: E402
 from hotset_testing.processes import free_port, spawn, wait_http  # noqa: E402
@@ -168,6 +173,7 @@ def run(work: Path, rounds: int, megabytes: int) -> dict[str, Any]:
             models.append({"id": "iris-copied", "framework": "triton", "memory": "64Mi", "source": triton_model.as_uri()})
             models.append({"id": "iris-cached", "framework": "triton", "memory": "64Mi",
                            "source": {"uri": "s3://triton/iris"}})
+            models += small_models(s3)
             store = work / "models.json"
             store.write_text(json.dumps({"models": models}))
             triton = start_tritonserver(work / "repository", log_dir=work)
@@ -176,7 +182,8 @@ def run(work: Path, rounds: int, megabytes: int) -> dict[str, Any]:
                         httpx.Client(base_url=url, timeout=600) as client:
                     return {"cache_vs_s3": cache_vs_s3(client, rounds),
                             "ten_requests": ten_requests(client),
-                            "triton": triton_cache_vs_copy(client, rounds)}
+                            "triton": triton_cache_vs_copy(client, rounds),
+                            "small": small_loads(client, rounds)}
             finally:
                 triton.stop()
 
@@ -283,6 +290,42 @@ def triton_cache_vs_copy(client: httpx.Client, rounds: int) -> dict[str, Any]:
     print(f"copy / cache: {ratio_wall:.2f}x (client), {ratio_server:.2f}x (worker)")
     figures["ratio_wall"], figures["ratio_worker"] = ratio_wall, ratio_server
     return figures
+
+
+def small_models(s3: Any) -> list[dict[str, Any]]:
+    """The twelve small BERTs of bench_models.py (0.5-7 MB), each from file:// and from a bucket."""
+    store = bench_models.ensure_models()
+    s3.make_bucket("small", public=True)
+    entries = []
+    for entry in json.loads(store.read_text())["models"]:
+        folder = Path(urlsplit(entry["source"]).path)
+        s3.upload_folder("small", f"{entry['id']}/", folder)
+        for kind, source in (("file", entry["source"]), ("s3", {"uri": f"s3://small/{entry['id']}"})):
+            entries.append({"id": f"small-{kind}-{entry['id']}", "framework": "transformers",
+                            "task": "text-classification", "memory": entry["memory"], "source": source})
+    return entries
+
+
+def small_loads(client: httpx.Client, rounds: int) -> dict[str, Any]:
+    print("\n4. small models (twelve BERTs of 0.5-7 MB): a load from file:// and from the cache, alternating")
+    ids = bench_models.model_ids()
+    for model_id in ids:  # downloads, first architecture import: not measured
+        for kind in ("file", "s3"):
+            load_seconds(client, f"small-{kind}-{model_id}")
+            unload(client, f"small-{kind}-{model_id}")
+    loads: dict[str, dict[str, list[float]]] = {kind: {"wall": [], "worker": []} for kind in ("file", "s3")}
+    for _ in range(rounds):
+        for model_id in ids:
+            for kind in ("file", "s3"):
+                wall, worker_s = timed_load(client, f"small-{kind}-{model_id}")
+                unload(client, f"small-{kind}-{model_id}")
+                loads[kind]["wall"].append(wall)
+                loads[kind]["worker"].append(worker_s)
+    print(f"{'source':>22} {'loads':>6} {'wall ms (median)':>17} {'worker ms (median)':>19}")
+    for kind, label in (("file", "file:// (read)"), ("s3", "s3:// cached (mapped)")):
+        print(f"{label:>22} {len(loads[kind]['wall']):>6} {1000 * statistics.median(loads[kind]['wall']):17.1f} "
+              f"{1000 * statistics.median(loads[kind]['worker']):19.1f}")
+    return loads
 
 
 if __name__ == "__main__":

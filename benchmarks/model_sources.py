@@ -8,13 +8,18 @@ Starts the real pieces on loopback: MinIO (scripts/install-s3.sh), a tritonserve
    round in a bucket of its own (so its first load is uncached): the first load downloads it
    from S3, the model is unloaded (evicted from memory), the second load reads the cache. Raw
    loopback S3 is faster than any real link, so the same is measured through a link shaped to
-   1 Gbit/s (tests/hotset_testing/cutting_proxy.py), as a pod in a cluster would see S3.
+   1 Gbit/s (tests/hotset_testing/cutting_proxy.py), as a pod in a cluster would see S3; rounds
+   alternate between the two links. Two harnesses side by side: the client's wall time of
+   ``POST .../load`` and the worker's own ``hotset_model_load_seconds``. Each round also loads
+   the same files from ``file://`` (read into memory rather than mapped), for reference.
 2. **Ten requests, one download**: ten concurrent ``/predict`` for an uncached model; the
    worker's own counters say how many downloads happened.
 3. **Triton, cache vs copy**: a Triton model with a 200 MB weight file, from ``file://``
    (staged by copying the folder, as before) and from ``s3://`` (cached, staged by linking),
    loads alternating; client wall time of ``POST .../load`` and the worker's own
    ``hotset_model_load_seconds`` side by side (two harnesses).
+4. **Small models**: the twelve small BERTs of bench_models.py (0.5-7 MB), each loaded from
+   ``file://`` and from the cache, alternating, medians by both harnesses.
 
 Usage: .venv/bin/python benchmarks/model_sources.py [--rounds 3] [--mb 200] [--json-out FILE]
 """
@@ -24,6 +29,7 @@ import argparse
 import concurrent.futures
 import contextlib
 import json
+import os
 import shutil
 import statistics
 import sys
@@ -38,12 +44,16 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import bench_models  # noqa: E402
 from hotset_testing import s3_server  # noqa: E402
 from hotset_testing.cutting_proxy import CuttingProxy  # noqa: E402
 from hotset_testing.processes import free_port, spawn, wait_http  # noqa: E402
 from hotset_testing.triton import start_tritonserver  # noqa: E402
 
 GBIT_BYTES_PER_S = 125_000_000
+LINKS = ("loopback", "shaped")  # raw loopback MinIO; through the proxy shaped to 1 Gbit/s
 
 
 def build_transformers_model(folder: Path, megabytes: int) -> None:
@@ -133,14 +143,19 @@ def run(work: Path, rounds: int, megabytes: int) -> dict[str, Any]:
     build_transformers_model(transformers_model, megabytes)
     build_triton_model(triton_model, megabytes)
     print(f"models: transformers {folder_bytes(transformers_model) / 2**20:.0f} MiB, "
-          f"triton {folder_bytes(triton_model) / 2**20:.0f} MiB (machine shared with other work)")
+          f"triton {folder_bytes(triton_model) / 2**20:.0f} MiB; load average {os.getloadavg()[0]:.1f}")
     with s3_server.running(work / "s3") as s3:
         target = urlsplit(s3.endpoint)
         with CuttingProxy(target.hostname or "127.0.0.1", target.port or 80).running() as link:
             link.rate = GBIT_BYTES_PER_S
-            models = []
+            s3.make_bucket("warm-up", public=True)
+            s3.upload_folder("warm-up", "bert/", transformers_model)
+            models = [{"id": "warm-up", "framework": "transformers", "task": "text-classification", "memory": "600Mi",
+                       "source": {"uri": "s3://warm-up/bert"}},
+                      {"id": "bert-file", "framework": "transformers", "task": "text-classification", "memory": "600Mi",
+                       "source": transformers_model.as_uri()}]
             for index in range(rounds):
-                for kind, endpoint in (("loopback", ""), ("1gbit", link.url)):
+                for kind, endpoint in zip(LINKS, ("", link.url)):
                     bucket = f"round-{index}-{kind}"
                     s3.make_bucket(bucket, public=True)
                     s3.upload_folder(bucket, "bert/", transformers_model)
@@ -158,6 +173,7 @@ def run(work: Path, rounds: int, megabytes: int) -> dict[str, Any]:
             models.append({"id": "iris-copied", "framework": "triton", "memory": "64Mi", "source": triton_model.as_uri()})
             models.append({"id": "iris-cached", "framework": "triton", "memory": "64Mi",
                            "source": {"uri": "s3://triton/iris"}})
+            models += small_models(s3)
             store = work / "models.json"
             store.write_text(json.dumps({"models": models}))
             triton = start_tritonserver(work / "repository", log_dir=work)
@@ -166,44 +182,68 @@ def run(work: Path, rounds: int, megabytes: int) -> dict[str, Any]:
                         httpx.Client(base_url=url, timeout=600) as client:
                     return {"cache_vs_s3": cache_vs_s3(client, rounds),
                             "ten_requests": ten_requests(client),
-                            "triton": triton_cache_vs_copy(client, rounds)}
+                            "triton": triton_cache_vs_copy(client, rounds),
+                            "small": small_loads(client, rounds)}
             finally:
                 triton.stop()
 
 
+def timed_load(client: httpx.Client, model: str) -> tuple[float, float]:
+    """One load, by two harnesses: the client's wall time of ``POST .../load`` and the worker's own
+    ``hotset_model_load_seconds`` (its load thread: fetch, framework load, measure)."""
+    before = metric(client, "hotset_model_load_seconds_sum", model=model)
+    wall = load_seconds(client, model)
+    return wall, metric(client, "hotset_model_load_seconds_sum", model=model) - before
+
+
 def cache_vs_s3(client: httpx.Client, rounds: int) -> dict[str, Any]:
     print("\n1. second load of an evicted model (cache) vs its first load (S3), same files, same pod")
-    load_seconds(client, "bert-0-loopback")  # the first transformers load pays for imports: not measured
-    unload(client, "bert-0-loopback")
-    figures: dict[str, Any] = {}
-    print(f"{'link':>10} {'round':>6} {'first (S3) s':>13} {'second (cache) s':>17} {'ratio':>7}")
-    for kind in ("loopback", "1gbit"):
-        firsts, seconds = [], []
-        for index in range(rounds):
+    for model in ("warm-up", "warm-up", "bert-file"):  # imports, first S3 client, first mapped load: not measured
+        load_seconds(client, model)
+        unload(client, model)
+    loads: dict[str, dict[str, list[float]]] = {
+        f"{kind} {which}": {"wall": [], "worker": []}
+        for kind in LINKS for which in ("first", "second")} | {"file copy": {"wall": [], "worker": []}}
+    print(f"{'link':>9} {'round':>5} | {'first (S3) s':>16} | {'second (cache) s':>16} | {'ratio':>13}")
+    print(f"{'':>9} {'':>5} | {'wall':>7} {'worker':>8} | {'wall':>7} {'worker':>8} | {'wall':>6} {'worker':>6}")
+    for index in range(rounds):
+        for kind in LINKS:  # whole rounds alternate between the links
             model = f"bert-{index}-{kind}"
-            if index == 0 and kind == "loopback":
-                # its S3 load was the warm-up above: evict its cache entry to measure it again
-                firsts.append(None)
-            else:
-                firsts.append(load_seconds(client, model))
-                unload(client, model)
-            seconds.append(load_seconds(client, model))
+            first = timed_load(client, model)
             unload(client, model)
-            first = firsts[-1]
-            shown = f"{first:13.2f}" if first is not None else f"{'(warm-up)':>13}"
-            ratio = f"{first / seconds[-1]:6.1f}x" if first is not None else ""
-            print(f"{kind:>10} {index:>6} {shown} {seconds[-1]:17.2f} {ratio:>7}")
-        measured = [f for f in firsts if f is not None]
-        figures[kind] = {"first_s": measured, "second_s": seconds,
-                         "ratio_of_medians": statistics.median(measured) / statistics.median(seconds)}
-        print(f"{kind:>10} median ratio {figures[kind]['ratio_of_medians']:.1f}x")
+            second = timed_load(client, model)
+            unload(client, model)
+            for which, figures in (("first", first), ("second", second)):
+                loads[f"{kind} {which}"]["wall"].append(figures[0])
+                loads[f"{kind} {which}"]["worker"].append(figures[1])
+            print(f"{kind:>9} {index:>5} | {first[0]:7.3f} {first[1]:8.3f} | {second[0]:7.3f} {second[1]:8.3f} | "
+                  f"{first[0] / second[0]:5.1f}x {first[1] / second[1]:5.1f}x")
+        copied = timed_load(client, "bert-file")  # the same files read into memory, as file:// sources are
+        unload(client, "bert-file")
+        loads["file copy"]["wall"].append(copied[0])
+        loads["file copy"]["worker"].append(copied[1])
+    figures: dict[str, Any] = {"loads": loads}
+    print(f"\nmedians over {rounds} rounds, two harnesses:")
+    print(f"{'link':>9} | {'first (S3) wall/worker s':>25} | {'second (cache) wall/worker s':>29} | "
+          f"{'ratio wall':>10} {'ratio worker':>12}")
+    for kind in LINKS:
+        first, second = loads[f"{kind} first"], loads[f"{kind} second"]
+        ratios = {harness: statistics.median(first[harness]) / statistics.median(second[harness])
+                  for harness in ("wall", "worker")}
+        figures[kind] = {"ratio_of_medians": ratios}
+        print(f"{kind:>9} | {statistics.median(first['wall']):12.3f} {statistics.median(first['worker']):12.3f} | "
+              f"{statistics.median(second['wall']):14.3f} {statistics.median(second['worker']):14.3f} | "
+              f"{ratios['wall']:9.1f}x {ratios['worker']:11.1f}x")
+    copied = loads["file copy"]
+    print(f"the same files from file:// (read into memory, not mapped): {statistics.median(copied['wall']):.3f} s wall, "
+          f"{statistics.median(copied['worker']):.3f} s worker")
     hits = metric(client, "hotset_source_cache_hits_total")
     print(f"cache hits counted by the worker: {hits:.0f}")
-    for kind in ("loopback", "1gbit"):  # what the downloads achieved, from the worker's own counters
+    for kind in LINKS:  # what the downloads achieved, from the worker's own counters
         nbytes = sum(metric(client, "hotset_source_download_bytes_total", model=f"bert-{i}-{kind}") for i in range(rounds))
         seconds = sum(metric(client, "hotset_source_download_seconds_sum", model=f"bert-{i}-{kind}") for i in range(rounds))
         figures[kind]["download_mb_per_s"] = nbytes / max(seconds, 1e-9) / 1e6
-        print(f"{kind:>10} downloads: {nbytes / 1e6:.0f} MB in {seconds:.1f} s = {nbytes / max(seconds, 1e-9) / 1e6:.0f} MB/s")
+        print(f"{kind:>9} downloads: {nbytes / 1e6:.0f} MB in {seconds:.1f} s = {nbytes / max(seconds, 1e-9) / 1e6:.0f} MB/s")
     return figures
 
 
@@ -250,6 +290,42 @@ def triton_cache_vs_copy(client: httpx.Client, rounds: int) -> dict[str, Any]:
     print(f"copy / cache: {ratio_wall:.2f}x (client), {ratio_server:.2f}x (worker)")
     figures["ratio_wall"], figures["ratio_worker"] = ratio_wall, ratio_server
     return figures
+
+
+def small_models(s3: Any) -> list[dict[str, Any]]:
+    """The twelve small BERTs of bench_models.py (0.5-7 MB), each from file:// and from a bucket."""
+    store = bench_models.ensure_models()
+    s3.make_bucket("small", public=True)
+    entries = []
+    for entry in json.loads(store.read_text())["models"]:
+        folder = Path(urlsplit(entry["source"]).path)
+        s3.upload_folder("small", f"{entry['id']}/", folder)
+        for kind, source in (("file", entry["source"]), ("s3", {"uri": f"s3://small/{entry['id']}"})):
+            entries.append({"id": f"small-{kind}-{entry['id']}", "framework": "transformers",
+                            "task": "text-classification", "memory": entry["memory"], "source": source})
+    return entries
+
+
+def small_loads(client: httpx.Client, rounds: int) -> dict[str, Any]:
+    print("\n4. small models (twelve BERTs of 0.5-7 MB): a load from file:// and from the cache, alternating")
+    ids = bench_models.model_ids()
+    for model_id in ids:  # downloads, first architecture import: not measured
+        for kind in ("file", "s3"):
+            load_seconds(client, f"small-{kind}-{model_id}")
+            unload(client, f"small-{kind}-{model_id}")
+    loads: dict[str, dict[str, list[float]]] = {kind: {"wall": [], "worker": []} for kind in ("file", "s3")}
+    for _ in range(rounds):
+        for model_id in ids:
+            for kind in ("file", "s3"):
+                wall, worker_s = timed_load(client, f"small-{kind}-{model_id}")
+                unload(client, f"small-{kind}-{model_id}")
+                loads[kind]["wall"].append(wall)
+                loads[kind]["worker"].append(worker_s)
+    print(f"{'source':>22} {'loads':>6} {'wall ms (median)':>17} {'worker ms (median)':>19}")
+    for kind, label in (("file", "file:// (read)"), ("s3", "s3:// cached (mapped)")):
+        print(f"{label:>22} {len(loads[kind]['wall']):>6} {1000 * statistics.median(loads[kind]['wall']):17.1f} "
+              f"{1000 * statistics.median(loads[kind]['worker']):19.1f}")
+    return loads
 
 
 if __name__ == "__main__":

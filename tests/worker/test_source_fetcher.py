@@ -65,6 +65,19 @@ def test_a_download_lands_whole_and_a_second_fetch_is_a_hit(s3, big_model, tmp_p
     assert _leftovers(tmp_path) == []
 
 
+def test_a_rotated_secret_is_used_from_the_next_fetch_though_clients_are_reused(s3, big_model, tmp_path) -> None:
+    from hotset_common.sources import credential_key
+
+    fetcher = _fetcher(tmp_path, s3)
+    folder = fetcher.folder(_spec("big"))
+    secret_file = tmp_path / "credentials" / credential_key("", SECRET, "AWS_SECRET_ACCESS_KEY")
+    secret_file.write_text("not-the-secret")  # the kubelet refreshed the mounted Secret
+    with pytest.raises(errors.ModelLoadFailed, match=r"refused \((403|SignatureDoesNotMatch|InvalidAccessKeyId|AccessDenied)"):
+        fetcher.folder(_spec("big"))  # a hit still lists the prefix: with the new keys, not a kept client's
+    secret_file.write_text(s3.secret_key)
+    assert fetcher.folder(_spec("big")) == folder
+
+
 def test_progress_says_how_far_a_slow_download_is(s3, big_model, proxy, tmp_path) -> None:
     proxy.rate = 8 * 2**20  # 8 MiB/s: about 3 s for the model
     fetcher = _fetcher(tmp_path, s3)

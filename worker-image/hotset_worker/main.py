@@ -328,6 +328,8 @@ def import_frameworks(store: ModelStore, context: WorkerContext) -> None:
             engine.worker_class(framework).prepare_models([s for s in specs if s.framework.value == framework], context)
         except Exception as exc:  # noqa: BLE001 - reported again, per model, when one loads
             log.warning("framework %s is not available: %s", framework, exc)
+    if context.fetcher is not None:
+        context.fetcher.prepare(specs)
     memory.freeze_imports()
 
 

@@ -46,6 +46,17 @@ def cached_folder(spec: ModelSpec, context: "WorkerContext") -> Path | None:
     return context.fetcher.cached(spec) if context.fetcher is not None else None
 
 
+def immutable(spec: ModelSpec) -> bool:
+    """Whether the files of `spec`'s folder stay as they are for as long as a copy of it is loaded,
+    so a framework may map them into memory instead of copying them. True for remote sources: a
+    source-cache entry is written once, renamed in complete and never written again (an eviction
+    removes it, a new fetch makes a new folder), and the fetcher holds a lease on it while the
+    manager holds the copy, so it is never evicted under the mapping (sources/cache.py); an image
+    volume is a read-only mount. False for ``file://`` and ``pvc://``: those folders belong to
+    their users, who may rewrite a file in place, and a mapped file that shrinks is a SIGBUS."""
+    return locations.scheme_of(spec.source) not in locations.LOCAL_SCHEMES
+
+
 def resolve(uri: str, source_roots: dict[str, Path], file_roots: Sequence[Path] | None) -> Path:
     """Return the existing local path of `uri`; ModelLoadFailed names what is wrong, Forbidden
     a ``file://`` path outside `file_roots` (None: any path). `file_roots` has no default on

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import json
 import logging
+import mmap
 import threading
 import weakref
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import numpy as np
 
@@ -47,8 +48,10 @@ CHARS_PER_TOKEN = 8
 # Measured: 1 of 6 concurrent tiny-chat + mini-embed loads broke the process that way. So one
 # from_pretrained runs at a time; the rest of a load (moving to the device, warm-up) does not wait.
 _FROM_PRETRAINED = threading.Lock()
-# Small single-file checkpoints load through fast_load (the library's own config and model classes,
+# Single-file checkpoints load through fast_load (the library's own config and model classes,
 # weights assigned in place) and fall back to from_pretrained whenever it is not the same load.
+# Weights read into memory pass through it up to this size (a load holds the file's bytes and
+# the tensors at once); mapped weights at any size.
 FAST_LOAD = True
 FAST_LOAD_MAX_BYTES = 512 * 2**20
 
@@ -136,21 +139,25 @@ class TransformersWorker(FrameworkWorker):
         self._device = torch_common.torch_device(self.context.device)
         model_class = {Task.TEXT_CLASSIFICATION: AutoModelForSequenceClassification,
                        Task.TEXT_GENERATION: AutoModelForCausalLM}.get(self.task, AutoModel)
-        # On CPU, read the weights into our memory instead of mapping the file: the first
-        # requests then do not page-fault from disk, the measured size is resident, and a
-        # file replaced on the volume cannot change a loaded model. (CUDA copies anyway.)
-        read_into_memory = self._device.type == "cpu"
+        # On CPU, weights from a folder whose files never change under a loaded copy (the source
+        # cache, an image volume: sources.immutable) are mapped from the file, with every page
+        # read during the load: no copy of the bytes the page cache already holds (a 200 MiB
+        # model loads in tens of milliseconds instead of hundreds). Weights from file:// and
+        # pvc:// folders are read into our memory: their users may rewrite a file in place,
+        # which must not change (or crash) a loaded model. (CUDA copies anyway.)
+        on_cpu = self._device.type == "cpu"
+        mapped = on_cpu and sources.immutable(self.spec)
         shared = None
         try:
             shared = shared_tokenizers.TOKENIZERS.acquire(
                 folder, lambda: AutoTokenizer.from_pretrained(str(folder), local_files_only=True))
             model = None
-            if read_into_memory and self.task != Task.TEXT_GENERATION and FAST_LOAD:
-                model = fast_load(model_class, folder)
+            if on_cpu and self.task != Task.TEXT_GENERATION and FAST_LOAD:
+                model = fast_load(model_class, folder, mapped=mapped)
             if model is None:
                 with _FROM_PRETRAINED:  # one at a time: it patches process-wide objects
                     model = model_class.from_pretrained(str(folder), local_files_only=True,
-                                                        disable_mmap=read_into_memory)
+                                                        disable_mmap=on_cpu and not mapped)
         except Exception as exc:  # transformers raises OSError, ValueError, KeyError, safetensors errors...
             if shared is not None:
                 shared_tokenizers.TOKENIZERS.release(shared)
@@ -374,16 +381,21 @@ def _texts_from_tensor(tensor: np.ndarray) -> list[str]:
     return texts
 
 
-def fast_load(model_class: Any, folder: Path) -> Any:
-    """The model of `folder` as ``from_pretrained`` would build it, for a small single-file
-    safetensors checkpoint saved by ``save_pretrained`` with this very architecture; None when
-    that cannot be shown, so the caller takes ``from_pretrained`` (prefixes to adapt, weights the
-    checkpoint lacks, another dtype, quantized or adapter models, sharded or pickled weights).
+def fast_load(model_class: Any, folder: Path, mapped: bool = False) -> Any:
+    """The model of `folder` as ``from_pretrained`` would build it, for a single-file safetensors
+    checkpoint saved by ``save_pretrained`` with this very architecture; None when that cannot be
+    shown, so the caller takes ``from_pretrained`` (prefixes to adapt, weights the checkpoint
+    lacks, another dtype, quantized or adapter models, sharded or pickled weights).
 
     ``from_pretrained`` spends most of a small model's load in Python around the weights (file
     lookups, key matching, initialising weights it then overwrites); here the library builds the
-    architecture from its config without initialising weights, and the checkpoint's tensors,
-    read into memory, are assigned in place. The answer is the same model (tests compare outputs)."""
+    architecture from its config without initialising weights, and the checkpoint's tensors are
+    assigned in place. The answer is the same model (tests compare outputs).
+
+    `mapped`: the tensors stay views of the file mapped into memory (only for files that never
+    change while the model is loaded: ``sources.immutable``), every page read once here so the
+    first request does not fault them in; else they are read into memory the model owns (two
+    passes over the bytes, so only checkpoints up to ``FAST_LOAD_MAX_BYTES``)."""
     import safetensors.torch
     from transformers import AutoConfig
 
@@ -393,14 +405,18 @@ def fast_load(model_class: Any, folder: Path) -> Any:
         from transformers.modeling_utils import no_init_weights
 
     weights = folder / "model.safetensors"
-    if not weights.is_file() or weights.stat().st_size > FAST_LOAD_MAX_BYTES or (folder / "adapter_config.json").exists():
+    if not weights.is_file() or (folder / "adapter_config.json").exists():
+        return None
+    if not mapped and weights.stat().st_size > FAST_LOAD_MAX_BYTES:
         return None
     config = AutoConfig.from_pretrained(str(folder), local_files_only=True)
     if getattr(config, "quantization_config", None):
         return None
     with no_init_weights():
         model = model_class.from_config(config)
-    state = safetensors.torch.load(weights.read_bytes())  # owns its memory: no mapping of the file
+    # load_file maps the file (copy-on-write: the model can never write to it); load() of the
+    # bytes makes tensors that own their memory.
+    state = safetensors.torch.load_file(weights) if mapped else safetensors.torch.load(weights.read_bytes())
     expected = model.state_dict()
     if set(state) - set(expected) or any(state[k].dtype != expected[k].dtype or state[k].shape != expected[k].shape
                                         for k in state):
@@ -411,5 +427,20 @@ def fast_load(model_class: Any, folder: Path) -> Any:
     current = model.state_dict()
     if any(current[key].data_ptr() not in loaded for key in missing):
         return None  # a weight the checkpoint lacks and no tie provides: from_pretrained's job
+    if mapped:
+        read_every_page(state.values())
     del state
     return model.eval()
+
+
+def read_every_page(tensors: Iterable[Any]) -> None:
+    """Read one byte of every memory page the `tensors` span, so their pages are resident (from
+    the page cache, or from disk if it dropped them) when the load ends, not at the first request."""
+    import torch
+
+    for tensor in tensors:
+        if tensor.numel() == 0:
+            continue
+        raw = tensor.detach().reshape(-1).view(torch.uint8)
+        raw[::mmap.PAGESIZE].sum()
+        raw[-1:].sum()  # the last page, which the stride may step over

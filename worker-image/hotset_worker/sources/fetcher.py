@@ -107,6 +107,12 @@ class SourceFetcher:
                  f"downloaded {lease.downloaded_bytes} bytes in {lease.download_s:.2f}s", plan.describe)
         return lease.path
 
+    def prepare(self, specs: Iterable[ModelSpec]) -> None:
+        """At pod start: import the S3 client library if any of `specs` comes from a bucket
+        (boto3 and botocore take a few tenths of a second), so the first load does not."""
+        if self.cache is not None and any(locations.scheme_of(spec.source) in ("s3", "gs") for spec in specs):
+            import boto3  # noqa: F401
+
     def cached(self, spec: ModelSpec) -> Path | None:
         """The folder of `spec`'s source if it can be read without fetching (metadata of a cold
         model must not download it): an image volume, or a copy this worker holds a lease on."""

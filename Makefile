@@ -32,12 +32,16 @@ run: install
 
 # Unit and integration suites, then the kind tier (also what .ci/run runs). In CI
 # (CI=true) a kind tier or a real-engine tier that cannot run is an error, not a skip.
+# Once every binary is built, the Go compile caches behind them (~12 GB) are dropped:
+# the kind tier's images and nodes need that disk (docs/e2e.md, "Disk").
 test: install install-k8s install-s3 install-vllm install-kind
+	scripts/drop-go-caches.sh
 	HOTSET_VLLM_REQUIRED=$(if $(CI),1,0) .venv/bin/pytest -q tests
 	HOTSET_KIND_REQUIRED=$(if $(CI),1,0) .venv/bin/pytest -q e2e/kind -rs --durations=20
 
 # The kind tier alone: real images, kubelets and Services, the chart, the scenarios (docs/e2e.md).
 e2e: install install-k8s install-s3 install-kind
+	scripts/drop-go-caches.sh
 	HOTSET_KIND_REQUIRED=$(if $(CI),1,0) .venv/bin/pytest -q e2e/kind -rs --durations=20
 
 bench: install

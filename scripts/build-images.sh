@@ -5,10 +5,13 @@
 #   hotset-triton-cpu:$TAG (Dockerfile.triton-cpu: the CPU Triton sidecar)
 #   hotset-s3:$TAG        (Dockerfile.s3: MinIO for the kind tier's s3:// scenario only)
 #   hotset-registry:$TAG  (Dockerfile.registry: the distribution registry, its oci:// scenario)
-# Wheels come from pip's cache: each image's requirement set is downloaded once per
-# machine into ~/.cache/hotset/wheels/<pyproject hash>/<image> (pip reads its
-# HTTP cache; only index pages go out) and served to the build over the Docker
-# bridge (this machine only) as PIP_FIND_LINKS with PIP_NO_INDEX=1. Where no registry
+# Wheels: each image's requirement set is downloaded into
+# ~/.cache/hotset/wheels/<pyproject hash>/<image> only when that image must be built
+# (pip reads its HTTP cache where it has one; only index pages go out), served to the
+# build over the Docker bridge (this machine only) as PIP_FIND_LINKS with
+# PIP_NO_INDEX=1, and dropped once the image is built: the worker's set is 3 GB
+# (torch and its CUDA wheels) that the kind tier's nodes need more (docs/e2e.md,
+# "Disk"). HOTSET_KEEP_IMAGE_WHEELS=1 keeps them for the next rebuild. Where no registry
 # answers (HOTSET_LOCAL_BASE=1, the default on machines without CAP_SYS_RESOURCE)
 # the base is scripts/base-images.sh's hotset-base/python; elsewhere the official
 # python:3.11-slim and debian:bookworm-slim. Prints each build's time and size.
@@ -49,17 +52,28 @@ requirements() {
 print('\n'.join(p['dependencies'] + [r for e in sys.argv[1].split(',') for r in p['optional-dependencies'][e]]))" "$1"
 }
 
-# wheels NAME EXTRAS [EXTRA_REQUIREMENT...]: the wheel set of one image, downloaded once.
-wheels() {
+# wants NAME EXTRAS [EXTRA_REQUIREMENT...]: write the requirement list of one image's wheel
+# set (cheap; part of the image's key), without downloading anything.
+wants() {
   local name=$1 extras=$2; shift 2
   local dir="$WHEELS/$name"
-  [ -f "$dir/.complete" ] && return 0
   mkdir -p "$dir"
-  local reqs="$dir/requirements.txt"
-  { if [ -n "$extras" ]; then requirements "$extras"; fi; printf '%s\n' "$@"; } > "$reqs"
-  echo "build-images: gathering $name wheels (from pip's cache)"
-  "$PIP" download -q --only-binary=:all: -d "$dir" -r "$reqs"
+  { if [ -n "$extras" ]; then requirements "$extras"; fi; printf '%s\n' "$@"; } > "$dir/requirements.txt"
+}
+
+# wheels NAME: download the wheel set NAME's requirement list names, unless it is there.
+wheels() {
+  local dir="$WHEELS/$1"
+  [ -f "$dir/.complete" ] && return 0
+  echo "build-images: gathering $1 wheels"
+  "$PIP" download -q --only-binary=:all: -d "$dir" -r "$dir/requirements.txt"
   touch "$dir/.complete"
+}
+
+# drop_wheels NAME: free a wheel set once its image is built (its requirement list stays).
+drop_wheels() {
+  [ "${HOTSET_KEEP_IMAGE_WHEELS:-0}" = 1 ] && return 0
+  find "$WHEELS/$1" -mindepth 1 ! -name requirements.txt -delete
 }
 
 # bridge_address: the host's address on the Docker bridge that build containers use, read from
@@ -109,25 +123,30 @@ build() {
   local image=$1 dockerfile=$2 base=$3 wheels=$4 start=$SECONDS key size
   key=$( { docker image inspect -f '{{.Id}}' "$base" 2>/dev/null || echo "$base"; cat "$dockerfile" pyproject.toml README.md;
            find common operator router worker-image -name '*.py' -o -name '*.json' | sort | xargs cat;
-           ls "$WHEELS/$wheels"; } | sha1sum | cut -c1-12)
+           cat "$WHEELS/$wheels/requirements.txt"; } | sha1sum | cut -c1-12)
   if [ "$(docker image inspect -f '{{ index .Config.Labels "hotset.inputs" }}' "$image" 2>/dev/null)" = "$key" ]; then
     echo "build-images: $image is up to date"
     return 0
   fi
+  wheels "$wheels"
   serve "$wheels" "$(echo "$wheels $WHEELS" | sha1sum | cut -c1-8)"
   echo "build-images: building $image from $dockerfile (base $base)"
   docker build -q -f "$dockerfile" --build-arg BASE_IMAGE="$base" --build-arg PIP_NO_INDEX=1 \
     --build-arg PIP_FIND_LINKS="$WHEEL_URL" --build-arg PIP_TRUSTED_HOST="${WHEEL_URL#http://}" \
     --label hotset.inputs="$key" -t "$image" . >/dev/null
   docker image prune -f --filter label=hotset.inputs >/dev/null
+  drop_wheels "$wheels"
   size=$(docker image inspect -f '{{.Size}}' "$image")
   echo "build-images: $image built in $((SECONDS - start)) s, $((size / 1000000)) MB"
 }
 
-wheels operator operator,router "setuptools>=68" wheel
-wheels worker worker "setuptools>=68" wheel
-wheels triton-cpu "" nvidia-pytriton==0.7.0
-[ $WHEELS_ONLY = 1 ] && exit 0
+wants operator operator,router "setuptools>=68" wheel
+wants worker worker "setuptools>=68" wheel
+wants triton-cpu "" nvidia-pytriton==0.7.0
+if [ $WHEELS_ONLY = 1 ]; then
+  for set in operator worker triton-cpu; do wheels "$set"; done
+  exit 0
+fi
 
 trap '[ -n "$SERVER_PID" ] && kill "$SERVER_PID" 2>/dev/null; true' EXIT
 build "hotset-operator:$TAG" Dockerfile.operator "$PYTHON_BASE" operator

@@ -4,6 +4,7 @@
 # Usage: scripts/install-go-tool.sh NAME MODULE_PATH VERSION
 #   e.g. scripts/install-go-tool.sh vegeta github.com/tsenart/vegeta/v12 v12.13.0
 set -euo pipefail
+. "$(dirname "$0")/go-env.sh"  # the project's own Go caches, freed by drop-go-caches.sh
 
 NAME="$1" MODULE="$2" VERSION="$3"
 CACHE="${HOTSET_CACHE:-$HOME/.cache/hotset}"

@@ -6,6 +6,7 @@
 # No registry ships these binaries, so we compile them; the outputs are cached
 # outside the repository keyed by version and never committed.
 set -euo pipefail
+. "$(dirname "$0")/go-env.sh"  # the project's own Go caches, freed by drop-go-caches.sh
 
 K8S_VERSION="${K8S_VERSION:-v1.36.3}"
 HELM_VERSION="${HELM_VERSION:-v3.22.0}"

@@ -8,6 +8,7 @@
 # version and never committed. The node's kubelet, kubeadm, kubectl and
 # kube-proxy come from `scripts/install-k8s.sh --node`.
 set -euo pipefail
+. "$(dirname "$0")/go-env.sh"  # the project's own Go caches, freed by drop-go-caches.sh
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 NODE_SRC="$ROOT/e2e/kind/node"
 

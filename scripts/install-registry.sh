@@ -3,6 +3,7 @@
 # tier's oci:// scenario (a model image pushed to it, served through an image volume). Cached
 # under ~/.cache/hotset/tools/registry-<version>/, never committed.
 set -euo pipefail
+. "$(dirname "$0")/go-env.sh"  # the project's own Go caches, freed by drop-go-caches.sh
 
 REGISTRY_VERSION="${REGISTRY_VERSION:-v3.1.2}"
 CACHE="${HOTSET_CACHE:-$HOME/.cache/hotset}"

@@ -4,6 +4,7 @@
 # S3 server. MinIO publishes no tagged module versions, so a pseudo-version is pinned; the binary
 # is cached outside the repository under ~/.cache/hotset/tools/minio-<version>/ and never committed.
 set -euo pipefail
+. "$(dirname "$0")/go-env.sh"  # the project's own Go caches, freed by drop-go-caches.sh
 
 MINIO_VERSION="${MINIO_VERSION:-v0.0.0-20260212201848-7aac2a2c5b7c}"
 CACHE="${HOTSET_CACHE:-$HOME/.cache/hotset}"

@@ -7,6 +7,7 @@
 # Needs a running Docker engine, scripts/base-images.sh's node base,
 # `scripts/install-k8s.sh --node` and scripts/install-kind.sh.
 set -euo pipefail
+. "$(dirname "$0")/go-env.sh"  # the project's own Go caches
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 NODE_SRC="$ROOT/e2e/kind/node"
 . "$ROOT/scripts/kind-versions.sh"

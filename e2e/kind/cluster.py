@@ -135,10 +135,45 @@ def create_cluster(workdir: Path, models_dir: Path, node_image: str | None) -> K
     return KindCluster(kubeconfig)
 
 
+GIB = 1 << 30
+# Beyond the images themselves: the node's own files, logs and pods' emptyDirs during the scenarios.
+DISK_MARGIN = 3 * GIB
+
+
+def images_bytes() -> int:
+    """What hotset's images take unpacked, as Docker reports them."""
+    out = run("docker", "image", "inspect", "-f", "{{.Size}}", *IMAGES, timeout=60)
+    return sum(int(size) for size in out.split())
+
+
+def docker_root() -> Path:
+    return Path(run("docker", "info", "-f", "{{.DockerRootDir}}", timeout=60).strip())
+
+
+def check_disk_for_images(nodes: list[str]) -> None:
+    """Refuse to start an import the disk cannot hold, naming what it needs.
+
+    Each node's containerd lives in an anonymous volume under Docker's root. An import holds the
+    image layers and their unpacked snapshots at once until it discards the layers, so the last
+    node needs twice the images' size while every node before it keeps one copy: an import that
+    runs out of room fails minutes later with containerd's "no space left on device" and no word
+    of how much was missing."""
+    root = docker_root()
+    size = images_bytes()
+    needed = size * (len(nodes) + 1) + DISK_MARGIN
+    free = shutil.disk_usage(root).free
+    if free < needed:
+        raise RuntimeError(
+            f"the kind tier needs {needed / GIB:.1f} GiB free under {root} to import hotset's images "
+            f"({size / GIB:.1f} GiB) into {len(nodes)} nodes, and {free / GIB:.1f} GiB is free: free "
+            f"{(needed - free) / GIB:.1f} GiB (docs/e2e.md, \"Disk\")")
+
+
 def load_images(nodes: list[str]) -> None:
     """Import hotset's images into every node's containerd, as `kind load docker-image` does
     (docker save | ctr import), streamed (no temporary copy of the ~5.5 GB worker image) and with
     --discard-unpacked-layers, so each node keeps only the unpacked snapshots."""
+    check_disk_for_images(nodes)
     def load(node: str) -> None:
         save = subprocess.Popen(["docker", "save", *IMAGES], stdout=subprocess.PIPE)
         try:

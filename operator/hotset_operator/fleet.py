@@ -15,17 +15,9 @@ from typing import Any, Iterable, Mapping
 from hotset_common import labels
 from hotset_common.wire import Preemption, WorkerStatus
 from hotset_operator.index import WorkerPod
+from hotset_operator.status import copy_entry
 
 ModelKey = tuple[str, str]  # (namespace of the reporting pods, model id)
-
-
-def _copy(pod: str, copy: Any) -> dict[str, Any]:
-    entry: dict[str, Any] = {"pod": pod, "state": copy.state.value, "bytes": copy.bytes}
-    if copy.reason:
-        entry["reason"] = copy.reason
-    if copy.failure:
-        entry["failure"] = copy.failure
-    return entry
 
 
 def index_copies(reports: Mapping[tuple[str, str], WorkerStatus]) -> dict[ModelKey, list[dict[str, Any]]]:
@@ -33,7 +25,7 @@ def index_copies(reports: Mapping[tuple[str, str], WorkerStatus]) -> dict[ModelK
     found: dict[ModelKey, list[dict[str, Any]]] = defaultdict(list)
     for (namespace, pod), report in sorted(reports.items()):
         for copy in report.models:
-            found[(namespace, copy.id)].append(_copy(pod, copy))
+            found[(namespace, copy.id)].append(copy_entry(pod, copy))
     return dict(found)
 
 

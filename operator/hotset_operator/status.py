@@ -8,25 +8,25 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from hotset_common.spec import ModelSpec
-from hotset_common.wire import CopyState, WorkerStatus
+from hotset_common.wire import CopyState, ModelCopy, WorkerStatus
+
+
+def copy_entry(pod: str, copy: ModelCopy) -> dict[str, Any]:
+    """One copy as ``status.copies[]`` lists it (the one place that says so: the fleet's index
+    of every pass and `copies_of` both use it, so a field the CRD shows cannot be dropped by one)."""
+    entry: dict[str, Any] = {"pod": pod, "state": copy.state.value, "bytes": copy.bytes}
+    if copy.reason:
+        entry["reason"] = copy.reason
+    if copy.failure:
+        entry["failure"] = copy.failure
+    if copy.progress:
+        entry["progress"] = copy.progress
+    return entry
 
 
 def copies_of(model: str, reports: Mapping[str, WorkerStatus]) -> list[dict[str, Any]]:
     """Every copy of `model` on any pod, in pod order, as the status field lists them."""
-    copies = []
-    for pod in sorted(reports):
-        for copy in reports[pod].models:
-            if copy.id != model:
-                continue
-            entry: dict[str, Any] = {"pod": pod, "state": copy.state.value, "bytes": copy.bytes}
-            if copy.reason:
-                entry["reason"] = copy.reason
-            if copy.failure:
-                entry["failure"] = copy.failure
-            if copy.progress:
-                entry["progress"] = copy.progress
-            copies.append(entry)
-    return copies
+    return [copy_entry(pod, copy) for pod in sorted(reports) for copy in reports[pod].models if copy.id == model]
 
 
 def readiness(spec: ModelSpec, copies: list[dict[str, Any]],

@@ -1,11 +1,13 @@
 """The source fetcher against a real S3 server (MinIO), in process: downloads, progress, deadlines,
-interrupted transfers, and one download however many loads (threads or processes) want it."""
+interrupted transfers, objects rewritten mid-download, and one download however many loads
+(threads or processes) want it."""
 from __future__ import annotations
 
 import concurrent.futures
 import multiprocessing
 import re
 import time
+import uuid
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -14,6 +16,7 @@ import pytest
 from hotset_common import errors
 from hotset_common.spec import ModelSpec
 from hotset_testing.cutting_proxy import CuttingProxy
+from hotset_testing.worker_server import wait_until
 from hotset_worker.sources.cache import ContentCache
 from hotset_worker.sources.credentials import Credentials
 from hotset_worker.sources.fetcher import SourceFetcher
@@ -54,6 +57,26 @@ def _spec(model_id: str, uri: str = "s3://models/big", **options: object) -> Mod
 
 def _leftovers(tmp_path: Path) -> list[Path]:
     return list((tmp_path / "cache" / "tmp").iterdir())
+
+
+OLD_WEIGHTS, NEW_WEIGHTS = b"\x01" * (8 * 2**20), b"\x02" * (8 * 2**20)
+OLD_TAIL, NEW_TAIL = b"\x03" * 2**20, b"\x04" * 2**20
+
+
+@pytest.fixture()
+def changing(s3, big_model) -> str:
+    """A prefix of this test's own, which it rewrites: config.json, weights-1.bin (8 MiB), weights-2.bin
+    (1 MiB); the fetch takes them in that order."""
+    prefix = f"changing-{uuid.uuid4().hex[:8]}"
+    client = s3.client()
+    for name, body in (("config.json", b'{"kind": "test"}'), ("weights-1.bin", OLD_WEIGHTS), ("weights-2.bin", OLD_TAIL)):
+        client.put_object(Bucket="models", Key=f"{prefix}/{name}", Body=body)
+    return prefix
+
+
+def _downloaded_mib(fetcher: SourceFetcher, model_id: str) -> float:
+    found = re.match(r"downloading (\d+\.\d)", fetcher.progress(model_id))
+    return float(found.group(1)) if found else 0.0
 
 
 def test_a_download_lands_whole_and_a_second_fetch_is_a_hit(s3, big_model, tmp_path) -> None:
@@ -169,3 +192,55 @@ def test_two_pods_sharing_a_node_cache_download_once(s3, big_model, proxy, tmp_p
     assert len(ContentCache(tmp_path / "cache", 2**30).infos()) == 1
     assert proxy.answered < 1.3 * big_model  # the model's bytes crossed the wire once
     assert _leftovers(tmp_path) == []
+
+
+def test_an_object_rewritten_after_the_listing_fails_the_load_naming_it_and_the_next_fetches_the_new(
+        s3, changing, proxy, tmp_path) -> None:
+    proxy.rate = 4 * 2**20  # two seconds in weights-1.bin: the test rewrites weights-2.bin meanwhile
+    fetcher = _fetcher(tmp_path, s3)
+    spec = _spec("changing", uri=f"s3://models/{changing}", endpoint=proxy.url)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        fetch = pool.submit(fetcher.folder, spec)
+        wait_until(lambda: _downloaded_mib(fetcher, "changing") >= 0.5 or fetch.done(), timeout_s=60,
+                   what="the fetch inside weights-1.bin")
+        s3.client().put_object(Bucket="models", Key=f"{changing}/weights-2.bin", Body=NEW_TAIL)  # not through the proxy
+        assert _downloaded_mib(fetcher, "changing") < 8.0, "the fetch left weights-1.bin before the rewrite"
+        with pytest.raises(errors.ModelLoadFailed) as failure:
+            fetch.result()
+    message = failure.value.message
+    assert re.search(rf"s3://models/{changing}.*object '{changing}/weights-2\.bin' changed while the source was being "
+                     r'downloaded \(its ETag is no longer the listed "?[0-9a-f]{32}"?\); nothing was kept', message), message
+    assert _leftovers(tmp_path) == []
+    assert not any((tmp_path / "cache" / "entries").iterdir())  # no entry of old and new together
+    proxy.rate = None
+    folder = fetcher.folder(spec)  # the next load lists again: the new version, whole
+    assert (folder / "weights-2.bin").read_bytes() == NEW_TAIL
+    assert (folder / "weights-1.bin").read_bytes() == OLD_WEIGHTS
+
+
+def test_an_object_rewritten_while_it_streams_is_cached_whole_in_its_listed_version_never_mixed(
+        s3, changing, proxy, tmp_path) -> None:
+    """One GET is of one version. MinIO holds the overwrite until the GET in progress ends, so the
+    fetch completes with the listed version; a server that let the rewrite through mid-stream would
+    fail the MD5 check (or If-Match) instead. Either way no entry holds bytes of both versions."""
+    proxy.rate = 4 * 2**20
+    fetcher = _fetcher(tmp_path, s3)
+    spec = _spec("streaming", uri=f"s3://models/{changing}", endpoint=proxy.url)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        fetch = pool.submit(fetcher.folder, spec)
+        wait_until(lambda: _downloaded_mib(fetcher, "streaming") >= 1.0 or fetch.done(), timeout_s=60,
+                   what="the fetch inside weights-1.bin")
+        rewrite = pool.submit(s3.client().put_object, Bucket="models", Key=f"{changing}/weights-1.bin", Body=NEW_WEIGHTS)
+        try:
+            folder = fetch.result()
+        except errors.ModelLoadFailed as failure:  # the other honest outcome: named, nothing kept
+            assert f"'{changing}/weights-1.bin'" in failure.message, failure.message
+            assert not any((tmp_path / "cache" / "entries").iterdir())
+        else:
+            assert (folder / "weights-1.bin").read_bytes() == OLD_WEIGHTS  # whole, the version listed
+            assert (folder / "weights-2.bin").read_bytes() == OLD_TAIL
+        rewrite.result(timeout=60)
+    assert _leftovers(tmp_path) == []
+    proxy.rate = None
+    again = fetcher.folder(spec)  # the rewrite is a new listing: a new entry, the new bytes
+    assert (again / "weights-1.bin").read_bytes() == NEW_WEIGHTS

@@ -25,8 +25,15 @@ from hotset_worker.sources.fetcher import SourceFetcher
 class _Files(http.server.BaseHTTPRequestHandler):
     files: dict[str, bytes] = {}
     lie_about_length: set[str] = set()  # paths answered with a Content-Length longer than the body
+    redirects: dict[str, str] = {}  # paths answered with a 302 to another URL
 
     def _answer(self, body: bool) -> None:
+        if self.path in self.redirects:
+            self.send_response(302)
+            self.send_header("Location", self.redirects[self.path])
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         content = self.files.get(self.path)
         if content is None:
             self.send_error(404)
@@ -92,6 +99,7 @@ def host():
     with _serving({"/iris.tar.gz": GOOD_TAR, "/iris.zip": GOOD_ZIP, "/evil.tar.gz": EVIL_TAR,
                    "/short.tar.gz": GOOD_TAR}) as url:
         _Files.lie_about_length = {"/short.tar.gz"}
+        _Files.redirects = {"/moved.tar.gz": f"{url}/iris.tar.gz"}  # to plain http: leaves TLS
         yield url
 
 
@@ -130,6 +138,13 @@ def test_an_archive_member_outside_the_folder_is_refused(host, tmp_path) -> None
         _fetch(tmp_path, f"{host}/evil.tar.gz", hashlib.sha256(EVIL_TAR).hexdigest())
     assert not (tmp_path / "outside.txt").exists() and not (tmp_path / "cache" / "outside.txt").exists()
     assert _leftovers(tmp_path) == []
+
+
+def test_a_redirect_to_plain_http_is_refused_naming_where_it_led(host, tmp_path) -> None:
+    with pytest.raises(errors.ModelLoadFailed, match=rf"moved\.tar\.gz.*redirected to '{host}/iris\.tar\.gz', which is "
+                       r"not https"):
+        _fetch(tmp_path, f"{host}/moved.tar.gz", hashlib.sha256(GOOD_TAR).hexdigest())
+    assert _leftovers(tmp_path) == [] and not any((tmp_path / "cache" / "entries").iterdir())
 
 
 def test_a_missing_archive_is_named(host, tmp_path) -> None:

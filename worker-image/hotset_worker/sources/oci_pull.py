@@ -75,9 +75,10 @@ def known_key(image: OciImage) -> str | None:
 def plan(uri: str, image: OciImage, options: SourceOptions, settings: SourceSettings,
          credentials: credentials_module.Credentials) -> FetchPlan:
     secret = credentials.lookup(options.namespace, options.secret_name, DOCKER_CONFIG_KEYS, uri)
-    auth = _basic_auth(uri, image, secret.get(DOCKER_CONFIG_KEYS[0], ""))
+    config = secret.get(DOCKER_CONFIG_KEYS[0], "")
+    auth = _basic_auth(uri, image, config)
     origin = oci_origin(image, settings.oci_plain_http)
-    client = _client(uri, image, origin, auth)
+    client = _client(uri, image, origin, auth, _refusal_hint(options, image, bool(config), auth is not None))
     digest, layers = _resolve(uri, image, origin, client)
 
     def fill(folder: Path, progress: Progress, deadline: float) -> None:
@@ -96,10 +97,11 @@ def plan(uri: str, image: OciImage, options: SourceOptions, settings: SourceSett
 # ----- the client -------------------------------------------------------------
 
 
-def _client(uri: str, image: OciImage, origin: str, auth: tuple[str, str] | None) -> Any:
+def _client(uri: str, image: OciImage, origin: str, auth: tuple[str, str] | None, refusal: str) -> Any:
     """An oras Registry for `origin`: its auth scheme (bearer token or basic) picked from the
     registry's own answer to ``GET /v2/`` (the distribution API's ping), which also tells
-    promptly whether the registry is there at all."""
+    promptly whether the registry is there at all. `refusal` ends the message of a 401 or 403
+    (``_refusal_hint``), kept on the client for every request it makes."""
     import oras.provider
 
     class Registry(oras.provider.Registry):
@@ -109,9 +111,10 @@ def _client(uri: str, image: OciImage, origin: str, auth: tuple[str, str] | None
     ping = _ping(uri, image, origin, session)
     basic = ping.status_code == 401 and ping.headers.get("Www-Authenticate", "").lower().startswith("basic")
     if basic and auth is None:  # a bearer challenge may still hand out an anonymous token
-        raise _refused(uri, image, origin, 401)
+        raise _refused(uri, image, origin, 401, refusal)
     client = Registry(hostname=image.registry, insecure=origin.startswith("http://"),
                       auth_backend="basic" if basic else "token")
+    client.refusal = refusal
     client.session = client.auth.session = session
     if basic:
         client.auth._basic_auth = None  # its constructor reads ORAS_USER/ORAS_PASS; a pod uses its Secret only
@@ -149,7 +152,7 @@ def _request(uri: str, image: OciImage, origin: str, client: Any, url: str, **kw
         raise errors.ModelLoadFailed(f"source {uri!r}: cannot reach registry {image.registry} at {origin} "
                                      f"({type(exc).__name__}: {str(exc)[:160]})") from exc
     except ValueError as exc:  # oras: "Cannot respond to request for authentication."
-        raise _refused(uri, image, origin, 401) from exc
+        raise _refused(uri, image, origin, 401, client.refusal) from exc
 
 
 def _basic_auth(uri: str, image: OciImage, config: str) -> tuple[str, str] | None:
@@ -171,6 +174,18 @@ def _basic_auth(uri: str, image: OciImage, config: str) -> tuple[str, str] | Non
     return None
 
 
+def _refusal_hint(options: SourceOptions, image: OciImage, configured: bool, matched: bool) -> str:
+    """What a refusal (401, 403) says to do, from what the pull had: no Secret, a Secret without an
+    entry for this registry, or credentials the registry refused."""
+    secret = f"Secret {options.secret_name!r}" if options.secret_name else \
+        "the namespace's default Secret (its hotset.io/source-secret annotation)"
+    if matched:
+        return f" with the credentials of {secret} (its .dockerconfigjson entry for {image.registry}): check them"
+    if configured:
+        return f": the .dockerconfigjson of {secret} has no entry for registry {image.registry}"
+    return ": name a Secret (source.secretName) holding a .dockerconfigjson with credentials for it"
+
+
 def _registry_host(key: str) -> str:
     """``https://registry.example.com/v1/`` -> ``registry.example.com`` (docker config keys vary)."""
     return key.lower().split("://", 1)[-1].split("/", 1)[0]
@@ -186,7 +201,7 @@ def _resolve(uri: str, image: OciImage, origin: str, client: Any) -> tuple[str, 
     response = _request(uri, image, origin, client, url,
                         headers={"Accept": ", ".join(MANIFEST_TYPES + INDEX_TYPES)})
     if response.status_code != 200:
-        raise _manifest_error(uri, image, origin, response)
+        raise _manifest_error(uri, image, origin, response, client.refusal)
     body = response.content
     digest = "sha256:" + hashlib.sha256(body).hexdigest()
     if image.digest and digest != image.digest:
@@ -219,10 +234,10 @@ def _layer(uri: str, entry: dict[str, Any]) -> Layer:
     return layer
 
 
-def _manifest_error(uri: str, image: OciImage, origin: str, response: Any) -> errors.ModelLoadFailed:
+def _manifest_error(uri: str, image: OciImage, origin: str, response: Any, refusal: str) -> errors.ModelLoadFailed:
     status = response.status_code
     if status in (401, 403):
-        return _refused(uri, image, origin, status)
+        return _refused(uri, image, origin, status, refusal)
     codes = _error_codes(response)
     if status == 404 and "NAME_UNKNOWN" in codes:
         return errors.ModelLoadFailed(f"source {uri!r}: repository {image.repository!r} does not exist on "
@@ -235,10 +250,8 @@ def _manifest_error(uri: str, image: OciImage, origin: str, response: Any) -> er
                                   f"({', '.join(codes) or response.reason})")
 
 
-def _refused(uri: str, image: OciImage, origin: str, status: int) -> errors.ModelLoadFailed:
-    return errors.ModelLoadFailed(
-        f"source {uri!r}: registry {image.registry} ({origin}) refused access ({status}): name a Secret "
-        "(source.secretName) holding a .dockerconfigjson with credentials for it")
+def _refused(uri: str, image: OciImage, origin: str, status: int, refusal: str) -> errors.ModelLoadFailed:
+    return errors.ModelLoadFailed(f"source {uri!r}: registry {image.registry} ({origin}) refused access ({status}){refusal}")
 
 
 def _error_codes(response: Any) -> list[str]:
@@ -272,6 +285,8 @@ def _download(uri: str, image: OciImage, origin: str, client: Any, layer: Layer,
     target.parent.mkdir(parents=True, exist_ok=True)
     response = _request(uri, image, origin, client, url, stream=True)
     try:
+        if response.status_code in (401, 403):
+            raise _refused(uri, image, origin, response.status_code, client.refusal)
         if response.status_code != 200:
             raise errors.ModelLoadFailed(f"source {uri!r}: registry {image.registry} answered {response.status_code} "
                                          f"for layer {layer.digest}")

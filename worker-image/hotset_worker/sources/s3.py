@@ -10,9 +10,12 @@ asks for, credentials nobody gave it.
 
 The cache key is the listing itself (each object's key, ETag and size): an
 unchanged prefix is a cache hit without a byte downloaded, a changed object a
-new entry. Each object is fetched with ``If-Match`` on its listed ETag (an
-object replaced mid-download fails the load instead of mixing versions),
-checked against its listed size, and against its MD5 where the ETag is one.
+new entry. Each object is fetched with ``If-Match`` on its listed ETag: an
+object replaced after the listing fails the load, naming it, instead of mixing
+versions, so an entry holds only the versions its key names. (One GET is of
+one version: S3 serves the version it started with to the end, and MinIO
+holds an overwrite until the GETs in progress end.) Each object is checked
+against its listed size, and against its MD5 where the ETag is one.
 """
 from __future__ import annotations
 
@@ -176,7 +179,7 @@ def _download(client: Any, uri: str, bucket: str, obj: _Object, folder: Path, pr
     except OSError:
         raise  # the disk (ENOSPC is the cache's to explain)
     except Exception as exc:  # noqa: BLE001
-        raise _explain(exc, uri, endpoint, bucket, obj.key, written=written, size=obj.size) from exc
+        raise _explain(exc, uri, endpoint, bucket, obj.key, written=written, size=obj.size, etag=obj.etag) from exc
     if written != obj.size:
         raise errors.ModelLoadFailed(f"source {uri!r}: object {obj.key!r} was truncated: {written} of {obj.size} "
                                      "bytes arrived; nothing was kept")
@@ -186,7 +189,7 @@ def _download(client: Any, uri: str, bucket: str, obj: _Object, folder: Path, pr
 
 
 def _explain(exc: Exception, uri: str, endpoint: str, bucket: str, key: str, written: int = 0,
-             size: int = 0) -> errors.ModelLoadFailed:
+             size: int = 0, etag: str = "") -> errors.ModelLoadFailed:
     """A boto3/botocore failure as a load failure that names the URI, the object and the check."""
     from botocore.exceptions import ClientError, EndpointConnectionError, IncompleteReadError, ResponseStreamingError
 
@@ -202,9 +205,10 @@ def _explain(exc: Exception, uri: str, endpoint: str, bucket: str, key: str, wri
                     "ExpiredToken", "AllAccessDisabled"):
             return errors.ModelLoadFailed(f"{where}: access to {key!r} was refused ({code}: {message}); check the "
                                           "credentials in the Secret that source.secretName names")
-        if code in ("PreconditionFailed", "412"):
-            return errors.ModelLoadFailed(f"{where}: object {key!r} changed while it was being downloaded; the "
-                                          "next load fetches the new version")
+        if code in ("PreconditionFailed", "412"):  # If-Match on the listed ETag refused
+            return errors.ModelLoadFailed(f"{where}: object {key!r} changed while the source was being downloaded "
+                                          f"(its ETag is no longer the listed {etag}); nothing was kept, and the next "
+                                          "load fetches the new version")
         return errors.ModelLoadFailed(f"{where}: {code or 'error'} on {key!r}: {message}")
     if isinstance(exc, (IncompleteReadError, ResponseStreamingError)):
         return errors.ModelLoadFailed(f"{where}: the download of {key!r} was interrupted after {written} of {size} "

@@ -166,9 +166,41 @@ def test_an_engine_setting_the_pinned_vllm_lacks_is_refused_by_name() -> None:
     from hotset_worker.frameworks.vllm_worker import engine_flags
     from hotset_common import errors
 
-    with pytest.raises(errors.ModelLoadFailed, match="swap_space"):
+    with pytest.raises(errors.ModelLoadFailed, match="swap_space: vLLM 0.32.0 has no --swap-space"):
         engine_flags({"swap_space": 4})
     assert engine_flags({"max_model_len": 512, "enforce_eager": True}) == ["--enforce-eager", "--max-model-len", "512"]
+    assert engine_flags({"enable_prefix_caching": False}) == ["--no-enable-prefix-caching"]
+
+
+@pytest.mark.parametrize("args, words", [
+    ({"swap_space": 4}, "vLLM 0.32.0 has no --swap-space"),
+    ({"max_model_length": 9}, "did you mean max_model_len?"),
+    ({"trust_remote_code": True}, "--trust-remote-code is a flag of vLLM 0.32.0 that hotset does not pass"),
+    ({"api_key": "x"}, "--api-key is set by the worker"),
+    ({"lora_modules": "a=/b"}, "from spec.loraAdapters"),
+    ({"max-model-len": 512}, "write it as max_model_len"),
+    ({"enforce_eager": "yes"}, "--enforce-eager is on or off"),
+    ({"max_num_seqs": True}, "--max-num-seqs takes a value, not true"),
+    ({"max_num_seqs": "many"}, "--max-num-seqs takes a whole number, not 'many'"),
+    ({"max_model_len": "lots"}, "such as 8192 or 8k, or auto"),
+    ({"gpu_memory_utilization": "half"}, "takes a number"),
+    ({"dtype": "float33"}, "--dtype is one of auto, bfloat16, float, float16, float32, half, not 'float33'"),
+])
+def test_engine_arguments_are_checked_against_the_pinned_vllms_flags_and_the_projects_list(args, words) -> None:
+    """Pure: the table generated from vLLM's parser (hotset_common.vllm_flags) and the project's list."""
+    from hotset_common import engine_args
+
+    [(key, message)] = engine_args.problems(args)
+    assert key == next(iter(args)) and words in message, message
+
+
+def test_every_engine_argument_the_project_passes_is_a_flag_of_the_pinned_vllm() -> None:
+    from hotset_common import engine_args, vllm_flags
+
+    for key in engine_args.ALLOWED | engine_args.SET_BY_WORKER:
+        assert key in vllm_flags.FLAGS and vllm_flags.FLAGS[key]["flag"] == "--" + key.replace("_", "-"), key
+    assert not engine_args.problems({"max_model_len": "8k", "dtype": "float32", "enable_lora": True, "seed": 0,
+                                     "gpu_memory_utilization": 0.5, "max_num_batched_tokens": 4096})
 
 
 def test_a_share_given_as_gpu_memory_utilization_counts_as_its_bytes(worker, client) -> None:

@@ -41,8 +41,8 @@ import pytest
 
 from hotset_testing.polling import wait_for
 from hotset_testing.processes import REPO, exited
+from hotset_common import vllm_flags
 from hotset_worker import samples
-from hotset_worker.frameworks.vllm_worker import ENGINE_ARGS
 
 sys.path.insert(0, str(REPO / "scripts"))
 import local_stack  # noqa: E402
@@ -84,21 +84,6 @@ config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_siz
                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=256,
                      bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
 LlamaForCausalLM(config).save_pretrained(out)
-"""
-
-_PARSER_FLAGS = """
-import json
-try:
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
-except ImportError:
-    from vllm.utils import FlexibleArgumentParser
-try:  # where the OpenAI server's parser lives moved between releases
-    from vllm.entrypoints.launchers.cli_args import make_arg_parser
-except ImportError:
-    from vllm.entrypoints.openai.cli_args import make_arg_parser
-
-parser = make_arg_parser(FlexibleArgumentParser())
-print(json.dumps(sorted({flag for action in parser._actions for flag in action.option_strings})))
 """
 
 # float32, the samples' own dtype: vLLM's default on CPU casts them to bfloat16, whose attention path
@@ -189,11 +174,20 @@ def copies(url: str) -> dict[str, dict]:
     return {c["id"]: c for c in httpx.get(f"{url}/status", timeout=10).json()["models"]}
 
 
-def test_every_engine_arg_the_worker_accepts_is_a_flag_of_the_installed_vllm() -> None:
-    flags = set(json.loads(in_vllm_venv(_PARSER_FLAGS)))
-    missing = sorted(key for key in ENGINE_ARGS if "--" + key.replace("_", "-") not in flags)
-    assert not missing, f"engineArgs the worker accepts but vLLM {VLLM_VERSION} does not: {missing}"
-    assert {"--api-key", "--served-model-name", "--port", "--host", "--model"} <= flags  # what the worker passes
+def test_the_committed_flag_table_is_what_the_installed_vllms_parser_defines() -> None:
+    """hotset_common.vllm_flags (what the operator checks engineArgs against at admission) regenerated
+    from the installed vLLM's own argument parser: a new pin, or a parser that changed, fails here
+    until ``scripts/vllm_engine_args.py`` is run again with the new vLLM."""
+    done = subprocess.run([str(VLLM_PYTHON), str(REPO / "scripts" / "vllm_engine_args.py"), "--json"],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    generated = json.loads(done.stdout)
+    assert generated["version"] == vllm_flags.VLLM_VERSION == VLLM_VERSION
+    committed = json.loads(json.dumps(vllm_flags.FLAGS))
+    drift = sorted(set(generated["flags"]) ^ set(committed)) + sorted(
+        key for key in set(generated["flags"]) & set(committed) if generated["flags"][key] != committed[key])
+    assert not drift, f"flags that differ from vLLM {VLLM_VERSION}'s parser (run scripts/vllm_engine_args.py): {drift[:20]}"
+    assert {"api_key", "served_model_name", "port", "host", "model", "lora_modules"} <= set(generated["flags"])
 
 
 def test_the_engine_answers_as_the_model_was_trained_and_as_the_transformers_worker_does(stack) -> None:

@@ -28,40 +28,24 @@ from typing import Any, Mapping
 import aiohttp
 import numpy as np
 
-from hotset_common import errors
+from hotset_common import engine_args, errors
 from hotset_common.spec import Task
 from hotset_worker import engine
 from hotset_worker.frameworks import sources
 from hotset_worker.frameworks.base import FrameworkWorker, StreamedResponse, TensorSpec
 from hotset_worker.vllm_engines import NAME, Engine, VllmEngines, answer_headers, forwarded_headers
 
-# Engine settings a ServedModel may pass (as vLLM's own flags); the worker sets model, host, port itself.
-# (No swap_space: vLLM 0.32 removed --swap-space, and an engine given it exits at once.)
-ENGINE_ARGS = frozenset({
-    "gpu_memory_utilization", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "dtype",
-    "quantization", "kv_cache_dtype", "block_size", "enforce_eager", "enable_prefix_caching",
-    "enable_chunked_prefill", "enable_lora", "max_loras", "max_lora_rank", "max_cpu_loras", "seed",
-    "tensor_parallel_size", "generation_config", "tokenizer_mode",
-})
 ADAPTER_WEIGHTS = ("*.safetensors", "*.bin", "*.pt")
 
 
 def engine_flags(args: Mapping[str, Any]) -> list[str]:
-    """``{"max_model_len": 2048, "enable_lora": True}`` as ``--max-model-len 2048 --enable-lora``."""
-    unknown = sorted(set(args) - ENGINE_ARGS)
-    if unknown:
-        raise errors.ModelLoadFailed(f"engineArgs {', '.join(unknown)} not accepted for vllm; accepted: "
-                                     f"{', '.join(sorted(ENGINE_ARGS))}")
-    flags: list[str] = []
-    for key, value in sorted(args.items()):
-        flag = "--" + key.replace("_", "-")
-        if value is True:
-            flags.append(flag)
-        elif value is False:
-            flags.append("--no-" + key.replace("_", "-"))
-        else:
-            flags += [flag, str(value)]
-    return flags
+    """``{"max_model_len": 2048, "enable_lora": True}`` as ``--enable-lora --max-model-len 2048``; a key the
+    pinned vLLM lacks or the project does not pass (hotset_common.engine_args, which the operator also
+    checks at admission) fails the load naming it: a model from a local store meets no admission."""
+    try:
+        return engine_args.to_flags(args)
+    except ValueError as exc:
+        raise errors.ModelLoadFailed(str(exc)) from exc
 
 
 def memory_share(spec: Any, device_bytes: int) -> tuple[float, int]:

@@ -124,6 +124,7 @@ def _source_problems(spec: ModelSpec, config: OperatorConfig) -> list[Problem]:
     sources = [("spec.source", spec.source, spec.source_options)]
     if spec.rollout and spec.rollout.canary:
         sources.append(("spec.rollout.canary.source", spec.rollout.canary.source, spec.rollout.canary.source_options))
+    sources += [(f"spec.loraAdapters[{i}].source", a.source, a.source_options) for i, a in enumerate(spec.lora_adapters)]
     return [problem for field, uri, options in sources
             if (problem := source_policy_problem(field, uri, options, config)) is not None]
 

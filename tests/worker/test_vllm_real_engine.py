@@ -31,6 +31,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -42,6 +43,7 @@ import pytest
 from hotset_testing.polling import wait_for
 from hotset_testing.processes import REPO, exited
 from hotset_common import vllm_flags
+from hotset_common.wire import TIMEOUT_HEADER, server_timing_durations
 from hotset_worker import samples
 
 sys.path.insert(0, str(REPO / "scripts"))
@@ -111,7 +113,9 @@ def stack(tmp_path_factory) -> Iterator[dict[str, str]]:
         {"id": "chat", "framework": "vllm", "source": chat.as_uri(), "memory": "2Gi",
          "engineArgs": {**ENGINE, "enable_lora": True, "max_loras": 1, "max_lora_rank": 8},
          "warmup": [QUESTION, {"messages": [{"role": "user", "content": QUESTION}], "max_tokens": 4}]},
-        {"id": "chat2", "framework": "vllm", "source": chat.as_uri(), "memory": "2Gi", "engineArgs": ENGINE},
+        {"id": "chat2", "framework": "vllm", "source": chat.as_uri(), "memory": "2Gi", "engineArgs": ENGINE,
+         # a static adapter: the engine starts with it (--lora-modules), the same weights as chat-lora
+         "loraAdapters": [{"name": "chat2-sql", "source": (folder / "adapter").as_uri()}]},
         {"id": "chat-lora", "framework": "vllm", "baseModel": "chat", "source": (folder / "adapter").as_uri()},
         {"id": "chat-hf", "framework": "transformers", "source": chat.as_uri(), "memory": "64Mi"},
         {"id": "head16", "framework": "vllm", "source": (folder / "head16").as_uri(), "memory": "1Gi",
@@ -168,6 +172,13 @@ def engine_processes(worker_pid: int) -> dict[str, psutil.Process]:
             if "vllm.entrypoints.openai.api_server" in " ".join(argv) and "--served-model-name" in argv:
                 matched[child.pid] = (argv[argv.index("--served-model-name") + 1], child)
     return {model: process for model, process in matched.values() if process.ppid() not in matched}
+
+
+def engine_url(process: psutil.Process) -> tuple[str, dict[str, str]]:
+    """An engine's URL and its key, from its command line (a test may look at its own child processes)."""
+    argv = process.cmdline()
+    key = next(a.split("=", 1)[1] for a in argv if a.startswith("--api-key="))
+    return f"http://127.0.0.1:{argv[argv.index('--port') + 1]}", {"Authorization": f"Bearer {key}"}
 
 
 def copies(url: str) -> dict[str, dict]:
@@ -295,3 +306,45 @@ def test_two_engines_on_one_pod_compute_on_cores_of_their_own(stack) -> None:
     running = engine_processes(int(stack["worker_pid"]))
     binds = {m: set(map(int, running[m].environ()["VLLM_CPU_OMP_THREADS_BIND"].split(","))) for m in ("chat", "chat2")}
     assert binds["chat"] and binds["chat2"] and not binds["chat"] & binds["chat2"], binds
+
+
+def test_a_static_lora_adapter_is_in_its_engine_from_the_start_and_answers_as_the_runtime_one(stack) -> None:
+    """chat2's spec lists chat2-sql in loraAdapters: its engine starts with it (--lora-modules), so the
+    engine lists it before anyone asked for it, and its copy needs no call to the engine. The same
+    peft weights loaded at runtime into chat's engine (chat-lora) give the same greedy answer."""
+    assert ask(stack["worker"], "chat2") == ANSWER
+    engine = engine_processes(int(stack["worker_pid"]))["chat2"]
+    argv = engine.cmdline()
+    assert argv[argv.index("--lora-modules") + 1].startswith("chat2-sql="), argv
+    url, key = engine_url(engine)
+    listed = {m["id"]: m for m in httpx.get(f"{url}/v1/models", headers=key, timeout=30).json()["data"]}
+    assert listed["chat2-sql"]["parent"] == "chat2"  # before its first request: no runtime load
+    adapted = ask(stack["worker"], "chat2-sql")
+    assert adapted != ANSWER
+    assert engine_processes(int(stack["worker_pid"]))["chat2"].pid == engine.pid  # no engine of its own
+    held = copies(stack["worker"])["chat2-sql"]
+    assert held["state"] == "READY" and held["bytes"] == 0  # its weights are the engine's, within chat2's share
+    assert ask(stack["router"], "chat2-sql") == adapted
+    assert ask(stack["worker"], "chat-lora") == adapted  # the same weights, loaded at runtime elsewhere
+
+
+def test_a_cold_request_waits_for_the_engine_start_within_its_deadline_and_says_so_in_server_timing(stack) -> None:
+    """No engine runs for chat2; a streamed chat through the router with a 300 s deadline starts it
+    and is answered, the engine's start (the load it waited for) in the answer's Server-Timing."""
+    with httpx.Client(timeout=30) as http:
+        assert http.post(f"{stack['worker']}/v2/repository/models/chat2/unload").status_code in (200, 404)
+    wait_for(lambda: "chat2" not in engine_processes(int(stack["worker_pid"])), "chat2's engine to stop", timeout=60)
+    deadline_s = 300.0
+    started = time.perf_counter()
+    with httpx.Client(timeout=deadline_s + 30) as http:
+        with http.stream("POST", f"{stack['router']}/v1/chat/completions", headers={TIMEOUT_HEADER: f"{deadline_s}"},
+                         json={"model": "chat2", "messages": [{"role": "user", "content": QUESTION}],
+                               "max_tokens": 12, "temperature": 0, "stream": True}) as answer:
+            assert answer.status_code == 200, answer.read()
+            timing = server_timing_durations(answer.headers["server-timing"])
+            events = [json.loads(line[6:]) for line in answer.iter_lines() if line.startswith("data: {")]
+    text = "".join(choice["delta"].get("content") or "" for event in events for choice in event.get("choices") or [])
+    took = time.perf_counter() - started
+    print(f"cold streamed chat: {took:.1f} s, Server-Timing {answer.headers['server-timing']}")
+    assert text == ANSWER and took < deadline_s
+    assert 5.0 < timing["load"] <= took, timing  # the engine's start (tens of seconds), what the client waited for

@@ -151,6 +151,7 @@ class Engine:
     core_key: str = ""  # its block of CPU cores, where it has one (CoreSets)
     tail: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=LOG_TAIL_LINES))
     adapters: set[str] = field(default_factory=set)
+    static_adapters: frozenset[str] = frozenset()  # the LoRA adapters it was started with (--lora-modules)
     reader: threading.Thread | None = None  # copies its output into the log and `tail`
 
     @property

@@ -16,6 +16,11 @@ files' bytes, a light model under the same budget, and only exists while its
 base is loaded: the OpenAI routes hold the base for every adapter request,
 and an adapter whose engine went away is dropped like any lost copy.
 
+A base model's ``loraAdapters`` are static adapters: its engine starts with
+them (``--lora-modules name=folder``), and each one's copy (a spec of its own,
+``ModelSpec.static_adapters``) only checks that the running engine has it:
+nothing is loaded at runtime, and it counts no bytes of its own.
+
 Requests reach the engine untouched (``open_openai``); vLLM batches them
 continuously and validates them itself (its 400s pass through as they are).
 """
@@ -100,14 +105,28 @@ class VllmWorker(FrameworkWorker):
             return
         share, size = memory_share(self.spec, self.engines.device_bytes)
         flags = ["--gpu-memory-utilization", f"{share:.4f}",
-                 *engine_flags({k: v for k, v in self.spec.engine_args.items() if k != "gpu_memory_utilization"})]
+                 *engine_flags({k: v for k, v in self.spec.engine_args.items() if k != "gpu_memory_utilization"}),
+                 *self._static_adapter_flags()]
         self._engine = self.engines.start(self.spec, self._folder, flags)
+        static = {adapter.name for adapter in self.spec.lora_adapters}
+        self._engine.static_adapters = frozenset(static)
+        self._engine.adapters |= static
         # On CPU the share covers the compute process's weights and KV cache only; the API server and
         # engine core processes take about 1.3 GB more (measured on vLLM 0.32). The copy counts what the
         # whole engine holds once it has answered, when that is more. (On a GPU the budget is the
         # device's, which the share is of.)
         on_cpu = self.engines.cpu_cores is not None
         self._bytes = max(size, self._engine.resident_bytes()) if on_cpu else size
+
+    def _static_adapter_flags(self) -> list[str]:
+        """``--enable-lora --lora-modules name=folder ...`` for the adapters the spec starts its engine
+        with (``loraAdapters``), each fetched like a model's source; nothing without them."""
+        adapters = self.spec.static_adapters()
+        if not adapters:
+            return []
+        modules = [f"{adapter.id}={sources.folder(adapter, self.context)}" for adapter in adapters]
+        enable = [] if self.spec.engine_args.get("enable_lora") else ["--enable-lora"]
+        return [*enable, "--lora-modules", *modules]
 
     def _load_adapter(self) -> None:
         import httpx
@@ -116,6 +135,13 @@ class VllmWorker(FrameworkWorker):
         if base is None:
             raise errors.BackendUnavailable(
                 f"LoRA adapter {self.spec.id!r} runs on {self.spec.base_model!r}, which is not loaded on this worker")
+        if self.spec.static_adapter:  # started with its base's engine: nothing to ask of it
+            if self.spec.id not in base.static_adapters:
+                raise errors.ModelLoadFailed(
+                    f"LoRA adapter {self.spec.id!r} is one of {self.spec.base_model!r}'s loraAdapters, but its running "
+                    f"engine was started without it; it comes with the engine's next start")
+            self._engine, self._bytes = base, 0  # its weights are the engine's, within the base's share
+            return
         assert self._folder is not None
         answer = httpx.post(base.url + "/v1/load_lora_adapter", timeout=120.0, headers=base.headers,
                             json={"lora_name": self.spec.id, "lora_path": str(self._folder)})
@@ -133,6 +159,8 @@ class VllmWorker(FrameworkWorker):
         if not self.adapter:
             self.engines.stop(self.spec.id, engine_)  # its own engine only (a new load may have started another)
             return
+        if self.spec.static_adapter:
+            return  # it stays in the engine it started with (and goes with that engine)
         engine_.adapters.discard(self.spec.id)
         if engine_.alive():
             import httpx

@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Iterator
 
@@ -323,3 +324,42 @@ def test_a_pod_without_vllm_refuses_vllm_models_with_a_503_saying_so(tmp_path) -
         answer = httpx.post(f"{url}/v1/completions", json={"model": "llm", "prompt": "hi"}, timeout=60)
         assert answer.status_code == 503 and "needs vLLM" in answer.json()["error"]["message"]
         assert answer.headers["retry-after"]
+
+
+def test_the_engines_own_figures_are_exported_as_the_inference_extensions_metrics_and_reported(worker, client) -> None:
+    """The worker reads each engine's /metrics (the stand-in answers in vLLM's names: running is what
+    streams now, a sixteenth of its 64 KV-cache blocks per running request) and exports the pod's as
+    the Gateway API Inference Extension's model-server metrics, one series per pod (its engines
+    together), and reports each engine's figures in /status for the routers."""
+    from hotset_common import metrics as names
+    from hotset_testing.scrape import metric
+
+    ask(client, "llm-sql")  # llm's engine, with a runtime adapter resident in it
+
+    def reported() -> dict:
+        return {e["model"]: e for e in httpx.get(f"{worker.url}/status", timeout=5).json()["engines"]}
+
+    llm = wait_for(lambda: (e := reported().get("llm")) and e["running_lora_adapters"] and e, "llm's figures")
+    assert (llm["kv_cache_blocks"], llm["block_size"], llm["max_lora"], llm["running"]) == (64, 16, 2, 0)
+    assert llm["running_lora_adapters"] == ["llm-sql"] and llm["age_s"] < 5
+    streamed: list[str] = []
+
+    def stream() -> None:  # read as it comes: a client that stops reading is cut as a slow one
+        with httpx.stream("POST", f"{worker.url}/v1/completions", timeout=60, json={
+                "model": "other", "prompt": "a long one", "max_tokens": 2000, "stream": True}) as answer:  # 10 s
+            streamed.extend(answer.iter_lines())
+
+    reader = threading.Thread(target=stream)
+    reader.start()
+    try:
+        other = wait_for(lambda: (e := reported().get("other")) and e["running"] == 1 and e, "other's figures")
+        assert other["kv_cache_usage"] == 1 / 16 and other["max_lora"] == 0
+        pod = {"pod": "vllm-pod"}
+        wait_for(lambda: metric(worker.url, names.MODEL_SERVER_RUNNING, **pod) == 1, "the pod's running requests")
+        assert metric(worker.url, names.MODEL_SERVER_WAITING, **pod) == 0
+        assert metric(worker.url, names.MODEL_SERVER_KV_CACHE_USAGE, **pod) == 1 / 32  # 4 of both engines' 128 blocks
+        assert metric(worker.url, names.MODEL_SERVER_LORA_INFO, **pod, max_lora="2",
+                      running_lora_adapters="llm-sql", waiting_lora_adapters="") > 1e9  # when it was read
+    finally:
+        reader.join()
+    assert "data: [DONE]" in streamed

@@ -348,3 +348,53 @@ def test_a_cold_request_waits_for_the_engine_start_within_its_deadline_and_says_
     print(f"cold streamed chat: {took:.1f} s, Server-Timing {answer.headers['server-timing']}")
     assert text == ANSWER and took < deadline_s
     assert 5.0 < timing["load"] <= took, timing  # the engine's start (tens of seconds), what the client waited for
+
+
+def test_the_engines_own_load_is_exported_as_the_inference_extensions_metrics_and_reported(stack) -> None:
+    """While 24 requests run on chat's engine (max_num_seqs 8), the worker's /metrics carries the Gateway
+    API Inference Extension's model-server series read from the engine's own /metrics, and /status
+    reports the engine's figures (its KV cache's size as the engine states it, its prefix-cache lookups,
+    its LoRA slots) for the routers; once they end, nothing runs or waits. The load is sent to the
+    engine itself (its key from its command line): where requests come from is not what is tested,
+    and on two loaded cores the worker's own relay would pace them (a stream's engine answers
+    /metrics only between its steps)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from hotset_common import metrics as names
+    from hotset_testing.scrape import metric
+
+    assert ask(stack["worker"], "chat") == ANSWER
+    url, key = engine_url(engine_processes(int(stack["worker_pid"]))["chat"])
+    pod = {"pod": "vllm-real"}
+
+    def generate(_: int) -> int:
+        return httpx.post(f"{url}/v1/completions", headers=key, timeout=300, json={
+            "model": "chat", "prompt": "once upon a time", "max_tokens": 200, "ignore_eos": True}).status_code
+
+    seen = {"running": 0.0, "waiting": 0.0, "kv": 0.0}
+
+    def busy() -> bool:
+        for figure, name in (("running", names.MODEL_SERVER_RUNNING), ("waiting", names.MODEL_SERVER_WAITING),
+                             ("kv", names.MODEL_SERVER_KV_CACHE_USAGE)):
+            seen[figure] = max(seen[figure], metric(stack["worker"], name, **pod))
+        return seen["running"] >= 1 or all(done.done() for done in requests)
+
+    with ThreadPoolExecutor(24) as pool:
+        requests = [pool.submit(generate, i) for i in range(24)]
+        wait_for(busy, "the engine's running requests in the worker's metrics", timeout=120, interval=0.1)
+        assert [done.result() for done in requests] == [200] * 24
+    print(f"seen at most: {seen}")
+    assert 1 <= seen["running"] <= 8 and seen["kv"] > 0, seen  # read while they ran; 8: the engine's max_num_seqs
+    blocks = next(line.split('num_gpu_blocks="')[1].split('"')[0]
+                  for line in httpx.get(f"{url}/metrics", timeout=30).text.splitlines()
+                  if line.startswith("vllm:cache_config_info{"))
+
+    def reported() -> dict:
+        return next((e for e in httpx.get(f"{stack['worker']}/status", timeout=10).json()["engines"]
+                     if e["model"] == "chat"), {})
+
+    chat = wait_for(lambda: (e := reported()) and e["running"] == 0 and e["waiting"] == 0 and e,
+                    "chat's engine at rest in the report")
+    assert chat["kv_cache_blocks"] == int(blocks) and chat["block_size"] > 0
+    assert chat["prefix_cache_queries"] >= 24 * 4 and chat["max_lora"] == 1 and chat["age_s"] < 10
+    assert metric(stack["worker"], names.MODEL_SERVER_RUNNING, **pod) == 0

@@ -253,6 +253,12 @@ class VllmEngines:
             engine = self._engines.get(model_id)
         return engine if engine is not None and engine.alive() else None
 
+    def live(self) -> list[tuple[str, str]]:
+        """(model id, URL) of every engine that runs now (engine_load.py reads their /metrics)."""
+        with self._lock:
+            engines = list(self._engines.values())
+        return [(engine.model_id, engine.url) for engine in engines if engine.alive()]
+
     def start(self, spec: ModelSpec, folder: Path, engine_flags: Sequence[str]) -> Engine:
         """Start `spec`'s engine and wait until it answers ``/health`` (runs on a load thread)."""
         if not self.configured:

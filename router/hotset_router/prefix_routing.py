@@ -19,6 +19,10 @@ scorers, each from 0 (worst) to 1 (best), summed with ``Weights``:
   worker's last report said: every router's requests), lowest best;
 - **KV cache**: the engine's KV-cache use, lowest best (a fuller cache
   evicts sooner, and admits fewer new requests);
+- **spread**: how many distinct prompts (first blocks) the copy's index
+  holds, fewest best: a new prompt goes where fewer prompts compete for the
+  cache (for a prompt a copy holds, affinity outweighs it), so each engine
+  caches its share of the shared prompts instead of most of them;
 - **LoRA affinity** (adapters only): the adapter active in that engine
   (its running or waiting requests: the Inference Extension's signal),
   which batches it with no swap.
@@ -60,6 +64,7 @@ DEFAULT_MIN_ROOM = 8  # requests at once a copy always has room for
 CHARS_PER_TOKEN = 4  # the router has no tokenizer: about four characters of English text per token
 DEFAULT_BLOCK_TOKENS = 16  # vLLM's default block size on a GPU, until a report says the engine's own
 MAX_BLOCKS = 1024  # per prompt: at most that many hashed (a prompt is read to openai_wire.PROMPT_CHARS)
+MAX_ROOTS = 1024  # prompt starts an index counts (prefixes())
 DEFAULT_INDEX_BLOCKS = 16384  # an index's size when the engine's KV-cache size is not known
 MAX_INDEX_BLOCKS = 65536  # an index never grows past this, whatever the engine's cache
 
@@ -85,6 +90,11 @@ class PrefixIndex:
     def __init__(self, capacity: int = DEFAULT_INDEX_BLOCKS) -> None:
         self.capacity = capacity
         self._blocks: collections.OrderedDict[int, None] = collections.OrderedDict()
+        self._roots: collections.OrderedDict[int, None] = collections.OrderedDict()  # prompts' first blocks
+
+    def prefixes(self) -> int:
+        """How many distinct prompt starts (first blocks) it holds: what a new prefix is spread by."""
+        return sum(1 for root in self._roots if root in self._blocks)
 
     def __len__(self) -> int:
         return len(self._blocks)
@@ -102,6 +112,11 @@ class PrefixIndex:
         """`hashes` were sent to this copy (now most recent); `capacity`: the engine's size, if known."""
         if capacity:
             self.capacity = min(capacity, MAX_INDEX_BLOCKS)
+        if hashes:
+            self._roots[hashes[0]] = None
+            self._roots.move_to_end(hashes[0])
+            while len(self._roots) > MAX_ROOTS:
+                self._roots.popitem(last=False)
         for block in hashes:
             self._blocks[block] = None
             self._blocks.move_to_end(block)
@@ -121,6 +136,7 @@ class Candidate:
     waiting: int = 0  # its engine's waiting requests (last report)
     kv_cache_usage: float = 0.0  # its engine's KV-cache use, 0-1 (last report)
     adapter_resident: bool = False  # the requested LoRA adapter is active in its engine (running or waiting)
+    prefixes: int = 0  # distinct prompt starts its index holds
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,6 +145,7 @@ class Weights:
     load: float = 2.0
     queue: float = 1.0
     kv_cache: float = 1.0
+    spread: float = 1.0
     lora: float = 1.0
 
 
@@ -171,10 +188,12 @@ def scores(candidates: Sequence[Candidate], total_blocks: int, weights: Weights 
     """Each candidate's weighted sum of the scorers."""
     inflight = [c.inflight for c in candidates]
     waiting = [c.waiting for c in candidates]
+    prefixes = [c.prefixes for c in candidates]
     return {c.url: weights.prefix * prefix_affinity(c.matched, total_blocks)
             + weights.load * lowest_best(c.inflight, inflight)
             + weights.queue * lowest_best(c.waiting, waiting)
             + weights.kv_cache * kv_cache_room(c.kv_cache_usage)
+            + weights.spread * lowest_best(c.prefixes, prefixes)
             + (weights.lora * lora_affinity(c.adapter_resident) if adapter else 0.0)
             for c in candidates}
 
@@ -221,13 +240,17 @@ class PrefixRouter:
         hashes = blocks(prompt, block_tokens)
         candidates = [Candidate(url, self._matched(model, url, hashes), inflight(url),
                                 getattr(loads[url], "waiting", 0), getattr(loads[url], "kv_cache_usage", 0.0),
-                                adapter and _active(model, loads[url]))
+                                adapter and _active(model, loads[url]), self._prefixes(model, url))
                       for url in urls]
         chosen = choose(candidates, len(hashes), str(hashes[0]) if hashes else prompt[:64], self.weights, adapter,
                         self.load_factor, self.min_room)
         if hashes:
             self._learn(model, chosen, hashes, getattr(loads[chosen], "kv_cache_blocks", 0))
         return chosen
+
+    def _prefixes(self, model: str, url: str) -> int:
+        index = self._indexes.get((model, url))
+        return index.prefixes() if index is not None else 0
 
     def _matched(self, model: str, url: str, hashes: Sequence[int]) -> int:
         index = self._indexes.get((model, url))

@@ -106,3 +106,16 @@ def test_an_engine_that_reports_a_long_queue_or_a_full_cache_loses_a_new_prefix(
                              kv_cache_usage=usage if url == favourite else 0.0) for url in COPIES}
     assert router.choose("m", SYSTEM, COPIES, lambda url: 0, loads.get) != favourite
     assert pr.PrefixRouter().choose("m", SYSTEM, COPIES, lambda url: 0, lambda url: None) == favourite
+
+
+def test_new_prompts_spread_over_the_copies_by_how_many_prompts_each_already_holds() -> None:
+    """Eight shared prompts that the rendezvous tie-break would all send to one copy, one after another
+    at no load: four on each of two copies, so each engine caches half of them, not all."""
+    copies = COPIES[:2]
+    prompts = [p for p in (f"system:prompt {i} " * 60 for i in range(200))
+               if pr.ranked(str(pr.blocks(p)[0]), copies)[0] == copies[0]][:8]
+    for weights, expected in ((pr.Weights(spread=0), {copies[0]: 8}), (pr.Weights(), {copies[0]: 4, copies[1]: 4})):
+        router = pr.PrefixRouter(weights)
+        chosen = collections.Counter(router.choose("m", p, copies, lambda url: 0, lambda url: None) for p in prompts)
+        assert chosen == expected, weights
+    assert pr.PrefixIndex().prefixes() == 0

@@ -351,7 +351,7 @@ def test_a_cold_request_waits_for_the_engine_start_within_its_deadline_and_says_
 
 
 def test_the_engines_own_load_is_exported_as_the_inference_extensions_metrics_and_reported(stack) -> None:
-    """While 24 requests run on chat's engine (max_num_seqs 8), the worker's /metrics carries the Gateway
+    """While 16 requests at a time run on chat's engine (max_num_seqs 8), the worker's /metrics carries the Gateway
     API Inference Extension's model-server series read from the engine's own /metrics, and /status
     reports the engine's figures (its KV cache's size as the engine states it, its prefix-cache lookups,
     its LoRA slots) for the routers; once they end, nothing runs or waits. The load is sent to the
@@ -379,12 +379,20 @@ def test_the_engines_own_load_is_exported_as_the_inference_extensions_metrics_an
             seen[figure] = max(seen[figure], metric(stack["worker"], name, **pod))
         return seen["running"] >= 1 or all(done.done() for done in requests)
 
-    with ThreadPoolExecutor(24) as pool:
-        requests = [pool.submit(generate, i) for i in range(24)]
-        wait_for(busy, "the engine's running requests in the worker's metrics", timeout=120, interval=0.1)
-        assert [done.result() for done in requests] == [200] * 24
+    # 16 at a time until the worker's figures show them (up to 256): on a loaded machine 24 requests were
+    # over before an engine busy with them answered the worker's read of its /metrics
+    with ThreadPoolExecutor(16) as pool:
+        requests = [pool.submit(generate, i) for i in range(256)]
+        try:
+            wait_for(busy, "the engine's running requests in the worker's metrics", timeout=300, interval=0.1)
+        finally:
+            for pending in requests:
+                pending.cancel()
+        assert all(done.result() == 200 for done in requests if not done.cancelled())
     print(f"seen at most: {seen}")
-    assert 1 <= seen["running"] <= 8 and seen["kv"] > 0, seen  # read while they ran; 8: the engine's max_num_seqs
+    # read while they ran, at most the engine's max_num_seqs (8); whether any waited depends on how fast
+    # the engine's API server hands them on (on a loaded machine, no faster than they run)
+    assert 1 <= seen["running"] <= 8 and seen["kv"] > 0, seen
     blocks = next(line.split('num_gpu_blocks="')[1].split('"')[0]
                   for line in httpx.get(f"{url}/metrics", timeout=30).text.splitlines()
                   if line.startswith("vllm:cache_config_info{"))
@@ -396,5 +404,5 @@ def test_the_engines_own_load_is_exported_as_the_inference_extensions_metrics_an
     chat = wait_for(lambda: (e := reported()) and e["running"] == 0 and e["waiting"] == 0 and e,
                     "chat's engine at rest in the report")
     assert chat["kv_cache_blocks"] == int(blocks) and chat["block_size"] > 0
-    assert chat["prefix_cache_queries"] >= 24 * 4 and chat["max_lora"] == 1 and chat["age_s"] < 10
+    assert chat["prefix_cache_queries"] >= 16 * 4 and chat["max_lora"] == 1 and chat["age_s"] < 10
     assert metric(stack["worker"], names.MODEL_SERVER_RUNNING, **pod) == 0

@@ -39,7 +39,9 @@ from hotset_common.wire import EngineLoad
 log = logging.getLogger(__name__)
 
 DEFAULT_INTERVAL_S = 1.0
-READ_TIMEOUT_S = 2.0
+# A busy engine's API server answers /metrics between its steps: on two loaded cores that took over
+# 2 s (every read timed out and the figures read as idle in the middle of 64 requests).
+READ_TIMEOUT_S = 10.0
 _WANTED = (names.MODEL_SERVER_WAITING, names.MODEL_SERVER_RUNNING, names.MODEL_SERVER_KV_CACHE_USAGE,
            names.MODEL_SERVER_LORA_INFO, names.ENGINE_CACHE_CONFIG_INFO, names.ENGINE_PREFIX_CACHE_QUERIES,
            names.ENGINE_PREFIX_CACHE_HITS)
@@ -103,8 +105,9 @@ class EngineLoads:
         self._latest: dict[str, tuple[float, EngineLoad]] = {}  # model -> (when read, figures)
 
     async def sample(self) -> None:
-        """Read every live engine's /metrics once (at once, not one after another); an engine that
-        does not answer keeps no figures (it is starting, or going)."""
+        """Read every live engine's /metrics once (at once, not one after another). An engine that
+        does not answer keeps its last figures, which age (``age_s`` says how old they are); one that
+        no longer runs has none."""
         live = list(self._engines())
         answers = await asyncio.gather(*(self._read(model, url) for model, url in live), return_exceptions=True)
         now = self.clock()
@@ -112,9 +115,12 @@ class EngineLoads:
         for (model, _), answer in zip(live, answers):
             if isinstance(answer, EngineLoad):
                 latest[model] = (now, answer)
-            elif isinstance(answer, Exception) and not isinstance(answer, (aiohttp.ClientError, asyncio.TimeoutError,
-                                                                            OSError)):
+                continue
+            if isinstance(answer, Exception) and not isinstance(answer, (aiohttp.ClientError, asyncio.TimeoutError,
+                                                                          OSError)):
                 log.warning("the /metrics of %s's engine did not parse: %s", model, answer)
+            if model in self._latest:
+                latest[model] = self._latest[model]
         self._latest = latest
 
     async def _read(self, model: str, url: str) -> EngineLoad | None:

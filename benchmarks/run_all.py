@@ -30,6 +30,7 @@ BENCHMARKS: list[list[str]] = [
     ["router_cold_start.py", "--real"],
     ["llm_streaming.py"],
     ["llm_real_engine_ttft.py"],  # the same on a real vLLM engine (needs scripts/install-vllm.sh)
+    ["llm_prefix_routing.py"],  # prefix-aware vs random routing on two real engines (the same)
     ["pool_autoscaling.py"],
     # Scale in models (docs/benchmarks.md): the operator and its catalog with 1,000-10,000 ServedModels,
     # and worker density.

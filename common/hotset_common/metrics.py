@@ -72,3 +72,17 @@ ROUTER_VERSION_REQUESTS_TOTAL = f"{PREFIX}_router_version_requests_total"  # ans
 # a configured number of recently used models, "_other" the rest and "_unknown" names no worker knows.
 ROUTER_MODEL_SERIES = f"{PREFIX}_router_model_series"  # gauge: models with per-model series of their own now
 ROUTER_EVENT_LOOP_LAG_SECONDS = f"{PREFIX}_router_event_loop_lag_seconds"  # histogram: how late timers woke
+# The Gateway API Inference Extension's model-server protocol, in the names it gives for vLLM: every
+# worker exports them for the vLLM engines it runs, all of them together (one series per pod, which an
+# endpoint picker scraping the pod reads; worker engine_load.py), from each engine's own /metrics.
+MODEL_SERVER_WAITING = "vllm:num_requests_waiting"      # gauge: TotalQueuedRequests; labels: pod
+MODEL_SERVER_RUNNING = "vllm:num_requests_running"      # gauge: TotalRunningRequests; labels: pod
+MODEL_SERVER_KV_CACHE_USAGE = "vllm:kv_cache_usage_perc"  # gauge 0-1: KVCacheUtilization (blocks in use of all); labels: pod
+# gauge, value the sample's unix time: LoRA adapters resident; labels: pod, max_lora, running_lora_adapters,
+# waiting_lora_adapters (comma-separated names)
+MODEL_SERVER_LORA_INFO = "vllm:lora_requests_info"
+# What the worker reads from each engine's /metrics (vLLM 0.32's names): the above, and for prefix routing
+# the cache's size and its hits (tokens, counters since the engine started).
+ENGINE_CACHE_CONFIG_INFO = "vllm:cache_config_info"     # labels include num_gpu_blocks, block_size
+ENGINE_PREFIX_CACHE_QUERIES = "vllm:prefix_cache_queries"  # counter (exposed as _total)
+ENGINE_PREFIX_CACHE_HITS = "vllm:prefix_cache_hits"        # counter (exposed as _total)

@@ -41,9 +41,13 @@ INFERENCE_ROUTES = (COMPLETIONS, CHAT_COMPLETIONS, EMBEDDINGS)
 
 EVENT_STREAM = "text/event-stream"
 DONE_EVENT = b"data: [DONE]\n\n"
-# Characters of a prompt that prefix-aware routing keys on: prompts sharing this many leading
-# characters (a system prompt, a few-shot preamble) go to the copy that has their prefix cached.
+# Characters of a prompt the stand-in engine's tests count prompts by (``prompt_prefix``).
 PREFIX_CHARS = 256
+# How much of a rendered prompt prefix-aware routing reads (about 8k tokens): its blocks, hashed,
+# find the copy whose engine has the longest part of it cached (router prefix_routing.py).
+PROMPT_CHARS = 32768
+# Messages larger than this are not decoded to be rendered: their JSON text as sent stands in.
+RENDER_LIMIT_BYTES = 32 * 2**10  # decoded and rendered in under 3 ms whatever their shape (a hostile 64 KiB of {}: 5.8 ms)
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
@@ -231,7 +235,7 @@ class Peek:
 
     model: str
     stream: bool
-    prefix: str  # the prompt's (or messages') first PREFIX_CHARS characters as sent ("" for embeddings)
+    prefix: str  # the rendered prompt's first PROMPT_CHARS characters (``render``; "" for embeddings)
 
 
 _ABSENT = msgspec.Raw(b"")
@@ -249,12 +253,61 @@ class _RequestHead(msgspec.Struct):
     messages: msgspec.Raw = _ABSENT
 
 
-def peek(raw: bytes, prefix_chars: int = PREFIX_CHARS) -> Peek:
-    """The model, `stream` and the prompt's prefix of an OpenAI request body (400 when there is no model).
+class _Part(msgspec.Struct):
+    text: str = ""
 
-    The prefix is the leading text of ``messages`` (else ``prompt``) as the client wrote it, JSON and
-    all: the same client sends the same conversation start as the same bytes, which is all prefix
-    routing needs, and reading it takes no parse of the conversation."""
+
+class _Message(msgspec.Struct):
+    role: str = ""
+    content: str | list[_Part] | None = None
+
+
+def render(messages: list[_Message] | list[dict[str, Any]], chars: int = PROMPT_CHARS) -> str:
+    """Messages as one text, role and content in order, to `chars` characters: what a chat template
+    makes of them up to its markup, so two requests sharing a conversation start share a prefix of it
+    whatever their JSON's spacing or key order."""
+    parts: list[str] = []
+    size = 0
+    for message in messages:
+        role = message.get("role", "") if isinstance(message, dict) else message.role
+        content = message.get("content") if isinstance(message, dict) else message.content
+        if isinstance(content, list):
+            content = "".join(p.text if isinstance(p, _Part) else p.get("text", "") if isinstance(p, dict) else ""
+                              for p in content)
+        text = f"{role}:{content if isinstance(content, str) else ''}\n"
+        parts.append(text)
+        size += len(text)
+        if size >= chars:
+            break
+    return "".join(parts)[:chars]
+
+
+def _rendered(head: "_RequestHead", chars: int) -> str:
+    """The prompt routing reads: the rendered messages, else the prompt's text (the first of a list)."""
+    if len(head.messages):
+        if len(head.messages) <= RENDER_LIMIT_BYTES:
+            try:
+                return render(msgspec.json.decode(head.messages, type=list[_Message]), chars)
+            except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
+                pass  # a shape the worker refuses with its reason; routing reads the text as sent
+        return memoryview(head.messages)[:4 * chars].tobytes().decode("utf-8", "ignore")[:chars]
+    if len(head.prompt):
+        try:
+            prompt = msgspec.json.decode(head.prompt, type=str | list[str])
+        except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
+            return ""
+        return (prompt if isinstance(prompt, str) else prompt[0] if prompt else "")[:chars]
+    return ""
+
+
+def peek(raw: bytes, prefix_chars: int = PROMPT_CHARS) -> Peek:
+    """The model, `stream` and the rendered prompt's prefix of an OpenAI request body (400 when there
+    is no model).
+
+    The prefix is the prompt's text, or the messages rendered (``render``: role and content in order),
+    to `prefix_chars` characters: prefix-aware routing hashes it in blocks of about an engine's cache
+    block (prefix_routing.py). Messages over RENDER_LIMIT_BYTES are not decoded: their JSON text as
+    sent stands in (the same client sends the same conversation start as the same bytes)."""
     try:
         head = msgspec.json.decode(raw, type=_RequestHead)
     except msgspec.ValidationError:
@@ -272,9 +325,7 @@ def peek(raw: bytes, prefix_chars: int = PREFIX_CHARS) -> Peek:
     if len(model) > MAX_MODEL_ID:
         raise OpenAIError(f"model: {errors.excerpt(model)} is no model: model ids take at most {MAX_MODEL_ID} "
                           "characters", param="model", code="model_not_found", status=404)
-    text = head.messages if len(head.messages) else head.prompt
-    prefix = memoryview(text)[:4 * prefix_chars].tobytes().decode("utf-8", "ignore")[:prefix_chars]
-    return Peek(model, len(head.stream) == 4 and bytes(head.stream) == b"true", prefix)
+    return Peek(model, len(head.stream) == 4 and bytes(head.stream) == b"true", _rendered(head, prefix_chars))
 
 
 def prompt_prefix(body: dict[str, Any], chars: int = PREFIX_CHARS) -> str:
@@ -287,20 +338,7 @@ def prompt_prefix(body: dict[str, Any], chars: int = PREFIX_CHARS) -> str:
     messages = body.get("messages")
     if not isinstance(messages, list):
         return ""
-    parts: list[str] = []
-    size = 0
-    for message in messages:
-        if not isinstance(message, dict):
-            break
-        content = message.get("content")
-        if isinstance(content, list):
-            content = "".join(p.get("text", "") for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
-        text = f"{message.get('role', '')}:{content if isinstance(content, str) else ''}\n"
-        parts.append(text)
-        size += len(text)
-        if size >= chars:
-            break
-    return "".join(parts)[:chars]
+    return render([m for m in messages if isinstance(m, dict)], chars)
 
 
 # ----- answers ----------------------------------------------------------------------------------

@@ -277,6 +277,46 @@ class Scheduling(BaseModel):
         return fields
 
 
+MAX_LORA_ADAPTERS = 16  # static adapters of one model: each is a name the engine answers to from its start
+
+
+class LoraAdapter(BaseModel):
+    """A LoRA adapter its base model's engine starts with (vLLM's ``--lora-modules name=path``).
+
+    Known when the engine starts, unlike an adapter ServedModel (``baseModel``), which is loaded
+    into the running engine: nothing is loaded at runtime, the adapter answers from the engine's
+    first request, and it goes and comes with its engine. Served as a model of its own name
+    (``ModelSpec.static_adapters``), routed to where its base is ready.
+    """
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    name: str = Field(..., min_length=1, max_length=63, pattern=r"^[a-z0-9]([a-z0-9.-]*[a-z0-9])?$")
+    source: str
+    source_options: SourceOptions = Field(default_factory=SourceOptions, alias="sourceOptions")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _split_source(cls, value: Any) -> Any:
+        """``source: {uri, sha256, ...}`` (a ServedModel's) into the uri and its options."""
+        if isinstance(value, dict) and isinstance(value.get("source"), dict):
+            source = value["source"]
+            value = {**value, "source": source.get("uri", ""),
+                     "source_options": {k: v for k, v in source.items() if k != "uri"}}
+        return value
+
+    @field_validator("source")
+    @classmethod
+    def _check_source(cls, value: str) -> str:
+        return validate_source_uri(value)
+
+    @model_validator(mode="after")
+    def _archive_has_checksum(self) -> "LoraAdapter":
+        if (problem := source_problem(self.source, self.source_options)) is not None:
+            raise ValueError(problem)
+        return self
+
+
 class Rollout(BaseModel):
     """How a new version meets traffic before it becomes the model's own (``version``/``source``)."""
 
@@ -324,6 +364,10 @@ class ModelSpec(BaseModel):
     # Engine settings for frameworks that run an engine per model (vllm: gpu_memory_utilization,
     # max_model_len, enable_lora, ...); each framework checks the keys it accepts when it loads.
     engine_args: dict[str, str | int | float | bool] = Field(default_factory=dict, alias="engineArgs")
+    # vllm: LoRA adapters the engine starts with (--lora-modules), each served under its own name.
+    lora_adapters: list[LoraAdapter] = Field(default_factory=list, alias="loraAdapters", max_length=MAX_LORA_ADAPTERS)
+    # Set only on the spec ``static_adapters`` derives for one of them.
+    static_adapter: bool = False
     rollout: Rollout | None = None
     # placement: dedicated only: where the group's pods may run, over the chart's workers.scheduling
     # (a shared model runs on its WorkerPool's pods, which the WorkerPool's spec.scheduling places).
@@ -394,7 +438,8 @@ class ModelSpec(BaseModel):
         is loaded and takes over from the old one); other fields (memory, replicas, labels...) apply
         to the copy in place."""
         return (self.framework.value, self.task.value, self.source, self.version, self.base_model,
-                json.dumps(self.engine_args, sort_keys=True, default=str), self.source_options.key())
+                json.dumps(self.engine_args, sort_keys=True, default=str), self.source_options.key(),
+                json.dumps([a.model_dump(mode="json") for a in self.lora_adapters], sort_keys=True))
 
     @model_validator(mode="after")
     def _canary_is_another_version(self) -> "ModelSpec":
@@ -422,6 +467,31 @@ class ModelSpec(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _static_adapters_are_a_vllm_engines(self) -> "ModelSpec":
+        if not self.lora_adapters:
+            return self
+        if self.framework is not Framework.VLLM or self.base_model:
+            raise ValueError("loraAdapters: only a vllm base model's engine starts with LoRA adapters")
+        names = [adapter.name for adapter in self.lora_adapters]
+        if len(set(names)) != len(names) or self.id in names:
+            raise ValueError(f"loraAdapters: each adapter needs a name of its own, not the model's ({names})")
+        if self.engine_args.get("enable_lora") is False:
+            raise ValueError("loraAdapters: engineArgs.enable_lora is false; an engine with adapters needs it")
+        return self
+
+    def static_adapters(self) -> "list[ModelSpec]":
+        """Each ``loraAdapters`` entry as a model of its own: an adapter of this model (``baseModel``)
+        that its engine holds from its start, so loading it asks nothing of the engine. It counts no
+        bytes of its own (its weights are in the engine, within the base's share)."""
+        return [ModelSpec(id=adapter.name, framework=self.framework, task=self.task, version=self.version,
+                          source=adapter.source, source_options=adapter.source_options, memory_bytes=0,
+                          replicas=Replicas(min=0, max=self.replicas.max), latency_class=self.latency_class,
+                          priority=self.priority, base_model=self.id, static_adapter=True,
+                          description=f"LoRA adapter {adapter.name} in the engine of {self.id}",
+                          owner=self.owner, oncall=self.oncall)
+                for adapter in self.lora_adapters]
+
+    @model_validator(mode="after")
     def _not_its_own_base(self) -> "ModelSpec":
         if self.base_model and self.base_model == self.id:
             raise ValueError(f"model {self.id!r} cannot be its own baseModel")
@@ -437,6 +507,10 @@ class ModelSpec(BaseModel):
         canary = rollout.get("canary") if isinstance(rollout, dict) else None
         if isinstance(canary, dict) and isinstance(canary.get("source"), dict) and namespace:
             spec["rollout"] = {**rollout, "canary": {**canary, "source": {**canary["source"], "namespace": namespace}}}
+        adapters = spec.get("loraAdapters")
+        if isinstance(adapters, list) and namespace:  # their Secrets live in the model's namespace too
+            spec["loraAdapters"] = [{**a, "source": {**a["source"], "namespace": namespace}}
+                                    if isinstance(a, dict) and isinstance(a.get("source"), dict) else a for a in adapters]
         return cls(id=body["metadata"]["name"], source=source.get("uri", "") if isinstance(source, dict) else source,
                    source_options=SourceOptions.fields_of(source, namespace), **spec)
 
@@ -446,8 +520,10 @@ MAX_SERVING_WEIGHT = 1000.0
 
 
 def with_variants(specs: list[ModelSpec]) -> list[ModelSpec]:
-    """`specs` and the canary version of each that has one: what a worker's store can load."""
-    return [*specs, *(variant for spec in specs if (variant := spec.canary_variant()) is not None)]
+    """`specs`, the canary version of each that has one and the static LoRA adapters of each
+    (``loraAdapters``): what a worker's store can load."""
+    return [*specs, *(variant for spec in specs if (variant := spec.canary_variant()) is not None),
+            *(adapter for spec in specs for adapter in spec.static_adapters())]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -298,6 +298,25 @@ def parse_status_limit(value: str | None) -> int | None:
     return int(value)
 
 
+class EngineLoad(BaseModel):
+    """One engine's own figures (its /metrics, as its worker last read them): what a router scores
+    the engine's copy by beside its own in-flight counts (the Gateway API Inference Extension's
+    model-server metrics: queue, running requests, KV-cache use, LoRA adapters resident)."""
+
+    model: str  # the model whose engine it is (its adapters run in it)
+    waiting: int = 0  # requests the engine's scheduler has not started
+    running: int = 0  # requests in its running batch
+    kv_cache_usage: float = 0.0  # share of its KV-cache blocks in use, 0-1
+    kv_cache_blocks: int = 0  # how many blocks its KV cache has (0: not known)
+    block_size: int = 0  # tokens per block: prefix caching reuses whole blocks
+    prefix_cache_queries: float = 0.0  # prompt tokens looked up in its prefix cache since it started
+    prefix_cache_hits: float = 0.0  # of those, found
+    max_lora: int = 0  # adapters it computes with at once (0: LoRA off)
+    running_lora_adapters: list[str] = Field(default_factory=list)
+    waiting_lora_adapters: list[str] = Field(default_factory=list)
+    age_s: float = 0.0  # how long ago the worker read it
+
+
 class WorkerStatus(BaseModel):
     """`GET /status`: the worker's own report, the source of truth for the router's map.
 
@@ -332,3 +351,6 @@ class WorkerStatus(BaseModel):
     # The port the worker serves OIP v2 over gRPC on, at the host of its HTTP URL (grpc_wire.py);
     # None: it serves none. The router learns where to send gRPC from here, in every mode.
     grpc_port: int | None = None
+    # The pod's vLLM engines' own figures, each read within the last second or so (pod figures: in
+    # every report, delta or whole).
+    engines: list[EngineLoad] = Field(default_factory=list)

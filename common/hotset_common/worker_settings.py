@@ -113,6 +113,10 @@ class WorkerOption(enum.Enum):
     VLLM_CPU_CORES_PER_ENGINE = Option("--vllm-cpu-cores-per-engine", "HOTSET_VLLM_CPU_CORES_PER_ENGINE", "0",
                                        "on a pod without a GPU: the cores each vllm engine computes on, a block of "
                                        "its own (0: half the pod's)", type=int)
+    VLLM_METRICS_INTERVAL_S = Option("--vllm-metrics-interval-s", "HOTSET_VLLM_METRICS_INTERVAL_S", "0.5",
+                                     "how often each vllm engine's /metrics is read (its queue, running requests "
+                                     "and KV-cache use: reported to the routers, exported for an endpoint picker)",
+                                     type=float)
     LOG_LEVEL = Option("--log-level", "HOTSET_LOG_LEVEL", "info", "the log level")
     API_TOKEN = Option("--api-token", "HOTSET_API_TOKEN", "",
                        "bearer token every endpoint but health probes and /metrics requires; empty: none (cluster "

@@ -38,6 +38,15 @@ OWNER_REQUIRED = "OwnerRequired"
 APPROVAL_PENDING = "ApprovalPending"
 
 
+_UNIQUE = "clients send only the model's name, so names are unique across the namespaces hotset serves"
+
+
+def _served(owner: str) -> str:
+    """Who holds a name in the fold's owners: a namespace, or ``<namespace>/<model>`` for a static adapter."""
+    namespace, _, base = owner.partition("/")
+    return f"a LoRA adapter of model {base!r} in namespace {namespace!r}" if base else f"served from namespace {owner!r}"
+
+
 @dataclass(frozen=True)
 class Usage:
     """What models take (or may take) of a namespace's quota."""
@@ -139,7 +148,7 @@ class Fold:
         self.result = Admission()
         self.judged = 0
         self.last: Order | None = None  # the order of the last model judged
-        self._owners: dict[str, str] = {}  # model name -> the namespace it is served from
+        self._owners: dict[str, str] = {}  # model name -> the namespace it is served from (<ns>/<base>: an adapter)
         self._caps = Caps(config)
         self._second: list[ModelEntry] = []  # the models of the latest creation second, as judged
         self._before: tuple[dict[str, str], dict[str, Usage], int] | None = None  # the state before it
@@ -180,6 +189,8 @@ class Fold:
         self.result.decisions[entry.key] = decision
         if decision.accepted and served is not None:
             self._owners[entry.name] = entry.namespace
+            for adapter in served.lora_adapters:  # names clients send too, served from the same pods
+                self._owners[adapter.name] = f"{entry.namespace}/{entry.name}"
             usage = self.result.usage
             usage[entry.namespace] = usage.get(entry.namespace, Usage()) + usage_of(served, self.config)
 
@@ -202,13 +213,16 @@ class Fold:
         if missing is not None and not self._served_before(entry):
             return Decision(False, OWNER_REQUIRED, missing)
         if (other := self._owners.get(entry.name)) is not None and other != entry.namespace:
-            return Decision(False, NAME_CONFLICT, (
-                f"metadata.name: model {entry.name!r} is already served from namespace {other!r}; clients send "
-                "only the model's name, so names are unique across the namespaces hotset serves"))
+            return Decision(False, NAME_CONFLICT, f"metadata.name: model {entry.name!r} is already {_served(other)}; "
+                                                  f"{_UNIQUE}")
         state, serving, waiting = self._approval(entry)
         if state is approval.State.WAITING:
             return Decision(False, APPROVAL_PENDING, waiting, state)
         spec = serving if serving is not None else entry.spec
+        for adapter in spec.lora_adapters:
+            if (other := self._owners.get(adapter.name)) is not None:
+                return Decision(False, NAME_CONFLICT, f"spec.loraAdapters: {adapter.name!r} is already {_served(other)}; "
+                                                      f"{_UNIQUE}")
         wanted = usage_of(spec, self.config)
         for quota in self.quotas.get(entry.namespace, ()):
             if quota.max_priority is not None and spec.priority > quota.max_priority:

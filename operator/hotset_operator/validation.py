@@ -12,11 +12,11 @@ from typing import Any
 
 import pydantic
 
-from hotset_common import quantity
+from hotset_common import engine_args, quantity
 from hotset_common import sources as locations
 from hotset_common.quantity import format_bytes
 from hotset_common import spec as spec_module
-from hotset_common.spec import ModelSpec, Placement, SourceOptions
+from hotset_common.spec import Framework, ModelSpec, Placement, SourceOptions
 from hotset_operator import workloads
 from hotset_operator.config import OperatorConfig
 
@@ -101,6 +101,22 @@ def _placement_problems(spec: ModelSpec, config: OperatorConfig) -> list[Problem
     return problems
 
 
+def _engine_arg_problems(spec: ModelSpec) -> list[Problem]:
+    """``engineArgs`` of a vllm model against the pinned vLLM's own flags and the project's list
+    (hotset_common.engine_args): a flag the engine does not know made it exit at start, on every pod
+    that tried, and the CRD (which keeps unknown fields) cannot tell. Other frameworks start no engine:
+    engineArgs there would be silently ignored, so they are refused too."""
+    if not spec.engine_args:
+        return []
+    if spec.framework is not Framework.VLLM:
+        return [Problem("spec.engineArgs", f"only framework vllm starts an engine that takes engine arguments; "
+                                           f"{spec.framework.value} would ignore them")]
+    if spec.base_model:
+        return [Problem("spec.engineArgs", f"a LoRA adapter runs in the engine of {spec.base_model!r}: give engine "
+                                           f"arguments there")]
+    return [Problem(f"spec.engineArgs.{key}", message) for key, message in engine_args.problems(spec.engine_args)]
+
+
 def _source_problems(spec: ModelSpec, config: OperatorConfig) -> list[Problem]:
     """The pool's source policy: which servers a pod may fetch from (``config.source_endpoints``;
     plain http only where an entry spells it out), oci:// registries included where the workers
@@ -108,6 +124,7 @@ def _source_problems(spec: ModelSpec, config: OperatorConfig) -> list[Problem]:
     sources = [("spec.source", spec.source, spec.source_options)]
     if spec.rollout and spec.rollout.canary:
         sources.append(("spec.rollout.canary.source", spec.rollout.canary.source, spec.rollout.canary.source_options))
+    sources += [(f"spec.loraAdapters[{i}].source", a.source, a.source_options) for i, a in enumerate(spec.lora_adapters)]
     return [problem for field, uri, options in sources
             if (problem := source_policy_problem(field, uri, options, config)) is not None]
 
@@ -156,7 +173,7 @@ def validate(body: dict[str, Any], config: OperatorConfig) -> Verdict:
     except (TypeError, ValueError) as error:
         return Verdict(None, (*_name_problems(name, None, config), Problem("spec", str(error))))
     return Verdict(spec, (*_name_problems(name, spec, config), *_placement_problems(spec, config),
-                          *_source_problems(spec, config)))
+                          *_engine_arg_problems(spec), *_source_problems(spec, config)))
 
 
 class Caps:

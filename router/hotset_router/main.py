@@ -17,7 +17,7 @@ import uvicorn
 
 from hotset_common import grpc_wire, labels, quantity, slow_clients
 from hotset_common.worker_ownership import WorkerTrust
-from hotset_router import jwt_issuers
+from hotset_router import jwt_issuers, prefix_routing
 from hotset_router.api import DEFAULT_MAX_BODY_BYTES, create_app
 from hotset_router.callers import DEFAULT_AUDIENCE, AuthMode, CallerSettings, KubernetesReviews, Reviews
 from hotset_router.flood import Limits
@@ -62,6 +62,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--request-timeout", type=float, default=float(env("HOTSET_ROUTER_REQUEST_TIMEOUT", "60")))
     p.add_argument("--load-timeout", type=float, default=float(env("HOTSET_ROUTER_LOAD_TIMEOUT", "300")))
     p.add_argument("--default-max-copies", type=int, default=int(env("HOTSET_ROUTER_DEFAULT_MAX_COPIES", "1")))
+    p.add_argument("--llm-routing", choices=[m.value for m in prefix_routing.Mode],
+                   default=env("HOTSET_ROUTER_LLM_ROUTING", prefix_routing.Mode.PREFIX.value),
+                   help="how an OpenAI request's copy is chosen among its model's ready copies: 'prefix' (the copy "
+                        "whose engine holds most of its prompt, with the engines' queues and KV-cache use), "
+                        "'random' (any, uniformly: a baseline for benchmarks)")
     p.add_argument("--replicate-rps-per-copy", type=float, default=float(env("HOTSET_ROUTER_REPLICATE_RPS", "20")))
     p.add_argument("--replicate-inflight-per-copy", type=float, default=float(env("HOTSET_ROUTER_REPLICATE_INFLIGHT", "4")))
     p.add_argument("--replicate-window", type=float, default=float(env("HOTSET_ROUTER_REPLICATE_WINDOW", "5")))
@@ -137,6 +142,7 @@ def build_settings(args: argparse.Namespace) -> RouterSettings:
         max_model_series=args.max_model_series,
         model_series_idle_s=args.model_series_idle_seconds,
         callers=caller_settings(args),
+        llm_routing=prefix_routing.Mode(args.llm_routing),
         replication=ReplicationSettings(
             rps_per_copy=args.replicate_rps_per_copy,
             inflight_per_copy=args.replicate_inflight_per_copy,

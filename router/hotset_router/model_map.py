@@ -43,7 +43,7 @@ from typing import Callable, Iterable
 
 from hotset_common.eviction import DEFAULT_HALF_LIFE_S, Candidate
 from hotset_common.spec import LatencyClass
-from hotset_common.wire import CatalogEntry, CopyState, ModelCopy, WorkerStatus
+from hotset_common.wire import CatalogEntry, CopyState, EngineLoad, ModelCopy, WorkerStatus
 
 HELD_STATES = (CopyState.READY, CopyState.LOADING, CopyState.UNLOADING)
 
@@ -126,6 +126,9 @@ class PodView:
     routers: tuple[str, ...] = ()  # router replicas its worker heard from lately
     held: int = 0  # shown copies that occupy memory (not failed loads)
     grpc_port: int | None = None  # where its worker serves OIP v2 over gRPC (at its URL's host); None: nowhere
+    # Its vLLM engines' own figures (queue, running, KV cache), by the model whose engine it is, as
+    # its last report said (the prefix-aware choice among copies scores them: prefix_routing.py).
+    engines: dict[str, EngineLoad] = dataclasses.field(default_factory=dict)
 
     def ready_models(self) -> set[str]:
         return {m for m, c in self.copies.items() if c.state == CopyState.READY}
@@ -216,6 +219,7 @@ class ModelMap:
         pod.churn_guard_s = status.churn_guard_s
         pod.queued = status.queued_requests
         pod.grpc_port = status.grpc_port
+        pod.engines = {load.model: load for load in status.engines}
         pod.draining = draining
         routers = tuple(status.routers)
         if routers != pod.routers:
@@ -544,6 +548,14 @@ class ModelMap:
         urls = {u for u in self._reserving.get(model, ()) if u in self._pods}
         urls |= {u for u, c in self._by_model.get(model, {}).items() if c.state == CopyState.LOADING}
         return sorted(urls)
+
+    def engine_load(self, url: str, model: str, base: str = "") -> EngineLoad | None:
+        """What the engine that serves `model` on `url` (its own, or `base`'s for an adapter) said of
+        its load in the pod's last report; None: no engine figures (another framework, not yet read)."""
+        pod = self._pods.get(url)
+        if pod is None:
+            return None
+        return pod.engines.get(base or model)
 
     def free_bytes(self, url: str) -> int:
         """Free bytes of a pod less what the router's own unreported loads will take."""

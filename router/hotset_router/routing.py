@@ -21,7 +21,7 @@ import random
 import time
 from typing import Callable, Iterable, Mapping
 
-from hotset_router import placement
+from hotset_router import placement, prefix_routing
 from hotset_router.copy_loop import DEFAULT_CHUNK, CopyLoop
 from hotset_router.deadlines import Deadlines
 from hotset_router.forwarding import Forwarder, OnAdmitted, nothing_more
@@ -53,6 +53,7 @@ class Router:
         owns: Callable[[str], bool] = lambda model: True,
         changed_specs: Callable[[], Iterable[str]] = lambda: (),
         chunk: int = DEFAULT_CHUNK,
+        llm_routing: prefix_routing.Mode = prefix_routing.Mode.PREFIX,
     ) -> None:
         self.model_map = model_map
         self.client = client
@@ -65,7 +66,7 @@ class Router:
         self.retry_after_s = retry_after_s
         self.deadlines = Deadlines(request_timeout_s)
         self.targets = Targets(model_map, lambda: self.limits_for, lambda: self.eligible, metrics, placement_settings,
-                               rng or random.Random(), retry_after_s)
+                               rng or random.Random(), retry_after_s, llm_routing)
         self.loads = Loads(model_map, lambda: self.client, sync, self.targets, metrics, self.deadlines, retry_after_s)
         self.forwarding = Forwarder(model_map, lambda: self.client, sync, self.targets, metrics, self.deadlines,
                                     retry_after_s)

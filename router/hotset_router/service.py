@@ -13,7 +13,7 @@ from typing import Mapping
 
 from hotset_common import errors, labels
 from hotset_common.spec import Placement
-from hotset_router import placement
+from hotset_router import placement, prefix_routing
 from hotset_router.callers import CallerSettings, Callers, Reviews
 from hotset_router.rates import NamespaceRates
 from hotset_router.discovery import Discovery
@@ -44,6 +44,7 @@ class RouterSettings:
     max_model_series: int = DEFAULT_MAX_MODEL_SERIES  # models with per-model metric series at once
     model_series_idle_s: float = DEFAULT_SERIES_IDLE_S  # a model's series go after this long without a request
     callers: CallerSettings = CallerSettings()  # who may call (callers.py); default: everyone
+    llm_routing: prefix_routing.Mode = prefix_routing.Mode.PREFIX  # the choice among an LLM's ready copies
 
 
 class RouterService:
@@ -77,6 +78,7 @@ class RouterService:
             request_timeout_s=settings.request_timeout_s,
             owns=self.replicas.owns,
             changed_specs=getattr(discovery, "take_changed_specs", set),  # a discovery without it: specs fixed
+            llm_routing=settings.llm_routing,
         )
         self.callers = Callers(reviews, getattr(discovery, "namespace_of", lambda model: None), settings.callers,
                                on_review=self.metrics.reviewed)

@@ -1,8 +1,9 @@
 """Where a request goes: one of its model's copies, or the pod a new copy goes to.
 
 - A model with ready copies: the less busy of two random copies (power of
-  two choices on the router's in-flight counts); a prompt's prefix picks
-  among them instead (prefix_routing.py).
+  two choices on the router's in-flight counts); for an OpenAI request, the
+  copy whose engine holds most of its prompt, scored with the engines' own
+  queue and KV-cache figures (prefix_routing.py).
 - None ready: a copy loading now (the request joins that load); else a new
   placement (``placement.place_cold``), reserved in the map so that requests
   arriving meanwhile join it.
@@ -38,8 +39,10 @@ Eligible = Callable[[str, str], bool]  # (model, pod url) -> may a new copy go t
 class Targets:
     def __init__(self, model_map: ModelMap, limits_for: Callable[[], LimitsLookup], eligible: Callable[[], Eligible],
                  metrics: RouterMetrics, placement_settings: placement.PlacementSettings, rng: random.Random,
-                 retry_after_s: int) -> None:
+                 retry_after_s: int, llm_routing: prefix_routing.Mode = prefix_routing.Mode.PREFIX) -> None:
         self.model_map = model_map
+        self.llm_routing = llm_routing
+        self.prefixes = prefix_routing.PrefixRouter()  # this router's estimate of each copy's prefix cache
         self._limits_for = limits_for  # the router's current lookups (tests replace them on the router)
         self._eligible = eligible
         self.metrics = metrics
@@ -126,14 +129,12 @@ class Targets:
         goes where its base is loaded."""
         ready = [u for u in self.model_map.ready_copies(model) if u not in tried]
         if ready:
-            if prefix:
-                return prefix_routing.choose(prefix, ready, lambda u: self.model_map.inflight(u, model)), ()
-            return self.choose_copy(model, ready), ()
+            return self.choose_llm_copy(model, prefix, ready, base, model), ()
         if base and not [u for u in self.model_map.loading_copies(model) if u not in tried]:
             capable = {p.url for p in self.model_map.pods_with_catalog(model) if self.eligible(model, p.url)}
             with_base = [u for u in self.model_map.ready_copies(base) if u in capable and u not in tried]
             if with_base:  # an adapter loads in moments where its base is: no placement of its own
-                url = prefix_routing.choose(prefix, with_base, lambda u: self.model_map.inflight(u, base))
+                url = self.choose_llm_copy(model, prefix, with_base, base, base)
                 self.model_map.reserve_load(url, model, self.model_map.estimated_bytes(model))
                 return url, (model,)
         found = self.target(model, tried, load=True)
@@ -141,6 +142,17 @@ class Targets:
             return None
         url, cold = found
         return url, (model,) if cold else ()
+
+    def choose_llm_copy(self, model: str, prompt: str, urls: list[str], base: str, counted: str) -> str:
+        """Among `urls`, the copy for an OpenAI request of `model` whose rendered prompt is `prompt`:
+        the prefix-aware scorers (prefix_routing.py) on this router's in-flight counts of `counted`
+        and the engines' own figures; uniformly at random with ``--llm-routing random``."""
+        if len(urls) == 1:
+            return urls[0]
+        if self.llm_routing is prefix_routing.Mode.RANDOM:
+            return self.rng.choice(urls)
+        return self.prefixes.choose(model, prompt, urls, lambda u: self.model_map.inflight(u, counted),
+                                    lambda u: self.model_map.engine_load(u, model, base), adapter=bool(base))
 
     def others_to_try(self, model: str, tried: set[str]) -> bool:
         return any(p.url not in tried and self.eligible(model, p.url) for p in self.model_map.pods_with_catalog(model))

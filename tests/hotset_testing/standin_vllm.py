@@ -72,6 +72,7 @@ def create_app(args: argparse.Namespace, ignored: list[str], token_delay_s: floa
     loras: dict[str, str] = {}
     by_prefix: collections.Counter[str] = collections.Counter()
     requests = collections.Counter()
+    running = [0]  # streams being answered now
 
     @app.middleware("http")
     async def require_key(request: Request, call_next):  # type: ignore[no-untyped-def]
@@ -83,6 +84,29 @@ def create_app(args: argparse.Namespace, ignored: list[str], token_delay_s: floa
     @app.get("/health")
     async def health() -> Response:
         return Response(status_code=200)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        """vLLM's own series the worker reads (its names and labels; made-up figures: running is what
+        streams now, the KV cache a sixteenth per running request of 64 blocks)."""
+        label = f'engine="0",model_name="{served}"'
+        lines = [
+            "# HELP vllm:num_requests_running Number of requests in model execution batches.",
+            "# TYPE vllm:num_requests_running gauge", f"vllm:num_requests_running{{{label}}} {running[0]}.0",
+            "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.",
+            "# TYPE vllm:num_requests_waiting gauge", f"vllm:num_requests_waiting{{{label}}} 0.0",
+            "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.",
+            "# TYPE vllm:kv_cache_usage_perc gauge", f"vllm:kv_cache_usage_perc{{{label}}} {min(1.0, running[0] / 16)}",
+            "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig",
+            "# TYPE vllm:cache_config_info gauge", f'vllm:cache_config_info{{block_size="16",num_gpu_blocks="64",{label}}} 1.0',
+            "# HELP vllm:prefix_cache_queries_total Prefix cache queries, in terms of number of queried tokens.",
+            "# TYPE vllm:prefix_cache_queries_total counter", f"vllm:prefix_cache_queries_total{{{label}}} {sum(requests.values())}.0",
+        ]
+        if args.enable_lora:
+            lines += ["# HELP vllm:lora_requests_info Running stats on lora requests.", "# TYPE vllm:lora_requests_info gauge",
+                      f'vllm:lora_requests_info{{max_lora="{args.max_loras}",running_lora_adapters="{",".join(sorted(loras))}",'
+                      f'waiting_lora_adapters=""}} {time.time()}']
+        return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
 
     @app.get("/standin/state")
     async def state() -> dict[str, Any]:
@@ -148,6 +172,14 @@ def create_app(args: argparse.Namespace, ignored: list[str], token_delay_s: floa
                                 | {"system_fingerprint": f"standin-{args.port}"})
 
         async def events() -> AsyncIterator[bytes]:
+            running[0] += 1
+            try:
+                async for event in stream():
+                    yield event
+            finally:
+                running[0] -= 1
+
+        async def stream() -> AsyncIterator[bytes]:
             for index, word in enumerate(words):
                 await asyncio.sleep(token_delay_s)
                 text = word if index == 0 else " " + word

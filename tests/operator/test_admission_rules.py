@@ -136,3 +136,28 @@ def test_a_quota_caps_the_priority_its_namespaces_models_may_claim():
         "modest": "Valid", "greedy": "QuotaExceeded", "elsewhere": "Valid"}
     assert "allows priorities up to 10 (maxPriority); this model asks for 500" in decisions[("t", "greedy")].message
     assert greedy.admission_key != base.admission_key  # an edited priority is judged again
+
+
+
+def vllm_base(namespace: str, name: str, created: str, adapter: str) -> ModelEntry:
+    spec = ModelSpec(id=name, framework="vllm", task="text-generation", source=f"pvc://m/{name}", memory=GI,
+                     loraAdapters=[{"name": adapter, "source": {"uri": f"pvc://m/{adapter}"}}])
+    return ModelEntry(namespace=namespace, name=name, uid=f"uid-{name}", created=created, spec=spec, problems=())
+
+
+def test_a_static_lora_adapters_name_is_a_model_name_no_other_model_may_take():
+    """Clients send an adapter's name as the model: a static adapter (spec.loraAdapters) is refused
+    when its name is taken, and a later model may not take an adapter's name, in any namespace."""
+    base = vllm_base("team-a", "chat", "2026-01-01T00:00:01Z", "chat-sql")
+    for later in (entry("team-b", "chat-sql", "2026-01-01T00:00:02Z"),
+                  entry("team-a", "chat-sql", "2026-01-01T00:00:02Z"),  # its own namespace too
+                  vllm_base("team-b", "chat2", "2026-01-01T00:00:03Z", "chat-sql")):
+        decided = admission.decide([base, later], {}, CONFIG)
+        assert decided.decisions[("team-a", "chat")].accepted
+        refusal = decided.decisions[(later.namespace, later.name)]
+        assert (refusal.accepted, refusal.reason) == (False, "NameConflict"), refusal
+        assert "a LoRA adapter of model 'chat' in namespace 'team-a'" in refusal.message, refusal.message
+    first = entry("team-b", "chat-sql", "2026-01-01T00:00:00Z")  # the model came first: the base is refused
+    refusal = admission.decide([first, base], {}, CONFIG).decisions[("team-a", "chat")]
+    assert (refusal.accepted, refusal.reason) == (False, "NameConflict")
+    assert "spec.loraAdapters: 'chat-sql' is already served from namespace 'team-b'" in refusal.message

@@ -26,9 +26,10 @@ def _spec_schema() -> dict:
 
 def test_every_spec_field_is_in_the_schema_and_back() -> None:
     # id is metadata.name; memory_bytes is written `memory`; source is an object {uri, <source options>};
-    # variant_of and variant_weight exist only on a canary's derived spec (ModelSpec.canary_variant).
+    # variant_of and variant_weight exist only on a canary's derived spec (ModelSpec.canary_variant),
+    # static_adapter only on a static LoRA adapter's (ModelSpec.static_adapters).
     model_fields = {(f.alias or name) for name, f in ModelSpec.model_fields.items()} - {
-        "id", "variant_of", "variant_weight", "sourceOptions"}
+        "id", "variant_of", "variant_weight", "sourceOptions", "static_adapter"}
     assert set(_spec_schema()["properties"]) == model_fields
 
 
@@ -41,6 +42,8 @@ def test_source_options_are_the_source_objects_fields_for_the_model_and_its_cana
     assert set(props["source"]["properties"]) == {"uri", *options}
     canary = props["rollout"]["properties"]["canary"]["properties"]["source"]
     assert set(canary["properties"]) == {"uri", *options}
+    adapter = props["loraAdapters"]["items"]["properties"]
+    assert set(adapter) == {"name", "source"} and set(adapter["source"]["properties"]) == {"uri", *options}
 
 
 def test_enums_agree() -> None:

@@ -80,3 +80,44 @@ def test_the_samples_are_valid(cluster: Cluster) -> None:
     for sample in sorted(samples.glob("*.yaml")):
         result = cluster.kubectl("apply", "--dry-run=server", "-f", str(sample), check=False)
         assert result.returncode == 0, f"{sample.name}: {result.stderr}"
+
+
+def _vllm(name: str, engine_args: dict) -> dict:
+    return served_model(name, framework="vllm", task="text-generation", memory="2Gi", engineArgs=engine_args)
+
+
+def test_engine_arguments_the_pinned_vllm_or_hotset_refuses_are_refused_at_admission_by_name(
+        cluster: Cluster, operator) -> None:
+    """The CRD keeps engineArgs' unknown fields, so the API server takes any key; the operator checks
+    each against the pinned vLLM's own flags (hotset_common.vllm_flags, generated from its parser)
+    and the project's list, and refuses the model naming the key, before any pod starts an engine."""
+    cluster.apply(_vllm("swap", {"swap_space": 4, "max_model_len": 2048}))  # vLLM 0.32 dropped --swap-space
+    cluster.apply(_vllm("remote-code", {"trust_remote_code": True}))  # vLLM has it; hotset does not pass it
+    cluster.apply(_vllm("typo", {"max_model_length": 2048}))
+    cluster.apply(_vllm("bad-dtype", {"dtype": "float33"}))
+    cluster.apply(_vllm("own-port", {"port": 9000}))
+    cluster.apply(_vllm("good", {"max_model_len": "8k", "enable_prefix_caching": False, "dtype": "float32"}))
+
+    def refusal(name: str) -> str:
+        condition = wait_for(lambda: (c := cluster.condition(name, "Accepted")) and c, f"Accepted on {name}")
+        assert (condition["status"], condition["reason"]) == ("False", "InvalidSpec"), condition
+        return condition["message"]
+
+    swap = refusal("swap")
+    assert "spec.engineArgs.swap_space" in swap and "vLLM 0.32.0 has no --swap-space" in swap, swap
+    assert "max_model_len" not in swap  # only what is wrong is named
+    remote = refusal("remote-code")
+    assert "spec.engineArgs.trust_remote_code" in remote and "hotset does not pass" in remote, remote
+    typo = refusal("typo")
+    assert "--max-model-length" in typo and "did you mean max_model_len?" in typo, typo
+    dtype = refusal("bad-dtype")
+    assert "spec.engineArgs.dtype" in dtype and "float32" in dtype and "'float33'" in dtype, dtype
+    assert "set by the worker" in refusal("own-port")
+    good = wait_for(lambda: (c := cluster.condition("good", "Accepted")) and c, "Accepted on good")
+    assert good["status"] == "True", good
+    wait_for(lambda: "InvalidSpec" in {e["reason"] for e in cluster.events("swap")}, "a warning event on swap")
+
+    # Fixing the spec is enough.
+    cluster.kubectl("patch", "servedmodel", "swap", "--type=json",
+                    "-p", '[{"op": "remove", "path": "/spec/engineArgs/swap_space"}]')
+    wait_for(lambda: (cluster.condition("swap", "Accepted") or {}).get("status") == "True", "Accepted after the fix")

@@ -87,3 +87,24 @@ def test_the_router_reads_a_store_file_exactly_as_the_worker_does(tmp_path) -> N
     write(tmp_path / "models.json", [{"id": "x", "framework": "onnx", "source": "file:///m"}])
     with pytest.raises(ValueError, match="'x': framework"):  # refused by both, naming the model and field
         read_model_store(tmp_path / "models.json")
+
+
+def test_a_base_models_static_lora_adapters_are_models_of_the_store_that_go_with_it() -> None:
+    """spec.loraAdapters: each adapter is a model of its own name (routed, loaded, reported), an
+    adapter of its base that the base's engine starts with; a model of the store's own keeps its name."""
+    from hotset_common.spec import ModelSpec
+    from hotset_worker.store import MemoryModelStore
+
+    base = ModelSpec(id="chat", framework="vllm", task="text-generation", source="file:///m/chat", memory="2Gi",
+                     loraAdapters=[{"name": "chat-sql", "source": {"uri": "file:///m/sql"}},
+                                   {"name": "mine", "source": "file:///m/mine"}])
+    own = ModelSpec(id="mine", framework="transformers", source="file:///m/mine", memory="1Mi")
+    store = MemoryModelStore([own, base])
+    adapter = store.get("chat-sql")
+    assert (adapter.base_model, adapter.static_adapter, adapter.source, adapter.memory_bytes) == \
+        ("chat", True, "file:///m/sql", 0)
+    assert store.get("mine").framework is Framework.TRANSFORMERS  # not replaced by the adapter of that name
+    store.remove("chat")
+    assert sorted(s.id for s in store.list()) == ["mine"]
+    with pytest.raises(ValueError, match="loraAdapters"):
+        ModelSpec(id="clf", framework="transformers", source="file:///m/c", loraAdapters=[{"name": "a", "source": "file:///a"}])

@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Iterator
 
@@ -166,9 +167,41 @@ def test_an_engine_setting_the_pinned_vllm_lacks_is_refused_by_name() -> None:
     from hotset_worker.frameworks.vllm_worker import engine_flags
     from hotset_common import errors
 
-    with pytest.raises(errors.ModelLoadFailed, match="swap_space"):
+    with pytest.raises(errors.ModelLoadFailed, match="swap_space: vLLM 0.32.0 has no --swap-space"):
         engine_flags({"swap_space": 4})
     assert engine_flags({"max_model_len": 512, "enforce_eager": True}) == ["--enforce-eager", "--max-model-len", "512"]
+    assert engine_flags({"enable_prefix_caching": False}) == ["--no-enable-prefix-caching"]
+
+
+@pytest.mark.parametrize("args, words", [
+    ({"swap_space": 4}, "vLLM 0.32.0 has no --swap-space"),
+    ({"max_model_length": 9}, "did you mean max_model_len?"),
+    ({"trust_remote_code": True}, "--trust-remote-code is a flag of vLLM 0.32.0 that hotset does not pass"),
+    ({"api_key": "x"}, "--api-key is set by the worker"),
+    ({"lora_modules": "a=/b"}, "from spec.loraAdapters"),
+    ({"max-model-len": 512}, "write it as max_model_len"),
+    ({"enforce_eager": "yes"}, "--enforce-eager is on or off"),
+    ({"max_num_seqs": True}, "--max-num-seqs takes a value, not true"),
+    ({"max_num_seqs": "many"}, "--max-num-seqs takes a whole number, not 'many'"),
+    ({"max_model_len": "lots"}, "such as 8192 or 8k, or auto"),
+    ({"gpu_memory_utilization": "half"}, "takes a number"),
+    ({"dtype": "float33"}, "--dtype is one of auto, bfloat16, float, float16, float32, half, not 'float33'"),
+])
+def test_engine_arguments_are_checked_against_the_pinned_vllms_flags_and_the_projects_list(args, words) -> None:
+    """Pure: the table generated from vLLM's parser (hotset_common.vllm_flags) and the project's list."""
+    from hotset_common import engine_args
+
+    [(key, message)] = engine_args.problems(args)
+    assert key == next(iter(args)) and words in message, message
+
+
+def test_every_engine_argument_the_project_passes_is_a_flag_of_the_pinned_vllm() -> None:
+    from hotset_common import engine_args, vllm_flags
+
+    for key in engine_args.ALLOWED | engine_args.SET_BY_WORKER:
+        assert key in vllm_flags.FLAGS and vllm_flags.FLAGS[key]["flag"] == "--" + key.replace("_", "-"), key
+    assert not engine_args.problems({"max_model_len": "8k", "dtype": "float32", "enable_lora": True, "seed": 0,
+                                     "gpu_memory_utilization": 0.5, "max_num_batched_tokens": 4096})
 
 
 def test_a_share_given_as_gpu_memory_utilization_counts_as_its_bytes(worker, client) -> None:
@@ -291,3 +324,42 @@ def test_a_pod_without_vllm_refuses_vllm_models_with_a_503_saying_so(tmp_path) -
         answer = httpx.post(f"{url}/v1/completions", json={"model": "llm", "prompt": "hi"}, timeout=60)
         assert answer.status_code == 503 and "needs vLLM" in answer.json()["error"]["message"]
         assert answer.headers["retry-after"]
+
+
+def test_the_engines_own_figures_are_exported_as_the_inference_extensions_metrics_and_reported(worker, client) -> None:
+    """The worker reads each engine's /metrics (the stand-in answers in vLLM's names: running is what
+    streams now, a sixteenth of its 64 KV-cache blocks per running request) and exports the pod's as
+    the Gateway API Inference Extension's model-server metrics, one series per pod (its engines
+    together), and reports each engine's figures in /status for the routers."""
+    from hotset_common import metrics as names
+    from hotset_testing.scrape import metric
+
+    ask(client, "llm-sql")  # llm's engine, with a runtime adapter resident in it
+
+    def reported() -> dict:
+        return {e["model"]: e for e in httpx.get(f"{worker.url}/status", timeout=5).json()["engines"]}
+
+    llm = wait_for(lambda: (e := reported().get("llm")) and e["running_lora_adapters"] and e, "llm's figures")
+    assert (llm["kv_cache_blocks"], llm["block_size"], llm["max_lora"], llm["running"]) == (64, 16, 2, 0)
+    assert llm["running_lora_adapters"] == ["llm-sql"] and llm["age_s"] < 5
+    streamed: list[str] = []
+
+    def stream() -> None:  # read as it comes: a client that stops reading is cut as a slow one
+        with httpx.stream("POST", f"{worker.url}/v1/completions", timeout=60, json={
+                "model": "other", "prompt": "a long one", "max_tokens": 2000, "stream": True}) as answer:  # 10 s
+            streamed.extend(answer.iter_lines())
+
+    reader = threading.Thread(target=stream)
+    reader.start()
+    try:
+        other = wait_for(lambda: (e := reported().get("other")) and e["running"] == 1 and e, "other's figures")
+        assert other["kv_cache_usage"] == 1 / 16 and other["max_lora"] == 0
+        pod = {"pod": "vllm-pod"}
+        wait_for(lambda: metric(worker.url, names.MODEL_SERVER_RUNNING, **pod) == 1, "the pod's running requests")
+        assert metric(worker.url, names.MODEL_SERVER_WAITING, **pod) == 0
+        assert metric(worker.url, names.MODEL_SERVER_KV_CACHE_USAGE, **pod) == 1 / 32  # 4 of both engines' 128 blocks
+        assert metric(worker.url, names.MODEL_SERVER_LORA_INFO, **pod, max_lora="2",
+                      running_lora_adapters="llm-sql", waiting_lora_adapters="") > 1e9  # when it was read
+    finally:
+        reader.join()
+    assert "data: [DONE]" in streamed

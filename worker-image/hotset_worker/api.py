@@ -57,6 +57,7 @@ from hotset_worker.dataplane import DataPlane
 from hotset_worker.inference_asgi import InferenceRoutes
 from hotset_worker.limits import DEFAULT_MAX_QUEUE as DEFAULT_MAX_MODEL_QUEUE, ModelLimiter
 from hotset_worker.manager import ModelManager
+from hotset_worker.engine_load import EngineLoads
 from hotset_worker.metrics import WorkerMetrics
 from hotset_worker.models_report import ModelsReport
 
@@ -87,6 +88,7 @@ def create_app(
     max_model_queue: int = DEFAULT_MAX_MODEL_QUEUE,
     draining: Callable[[], bool] = lambda: False,
     grpc_address: str | None = None,
+    engine_loads: EngineLoads | None = None,
 ) -> ASGIApp:
     """A worker app around an assembled manager; it owns their lifetime from start-up to shutdown.
 
@@ -97,9 +99,12 @@ def create_app(
     docstring. `draining()` says the server is shutting down: readiness answers 503 so that
     no new traffic comes, while requests already sent are still served. `grpc_address` (host:port;
     port 0: a free one): also serve OIP v2 over gRPC there (grpc_api.py), in this app's lifespan.
+    `engine_loads`: the vLLM engines' own figures, read in this app's lifespan and reported in /status.
     """
     report = ModelsReport(manager)
     reports = status_report.StatusReports(manager, pod_name)
+    if engine_loads is not None:
+        reports.engine_loads = engine_loads.figures
     dataplane = DataPlane(manager, metrics, backends, ModelLimiter(metrics, max_model_queue, clock=manager.clock),
                           inference_threads)
 
@@ -110,6 +115,8 @@ def create_app(
         if load_pinned:
             background.append(asyncio.create_task(manager.keep_pinned_loaded(pinned_check_s)))
         background.append(asyncio.create_task(backends.keep_in_sync(manager, backend_sync_s)))
+        if engine_loads is not None:
+            background.append(asyncio.create_task(engine_loads.keep_sampled()))
         grpc_server = await start_grpc() if grpc_address is not None else None
         try:
             yield

@@ -28,6 +28,7 @@ from hotset_common.eviction import DEFAULT_CHURN_GUARD_S, EvictionPolicy
 from hotset_worker import api, engine, memory
 from hotset_worker.limits import DEFAULT_MAX_QUEUE as DEFAULT_MAX_MODEL_QUEUE
 from hotset_worker.backends import Backends
+from hotset_worker.engine_load import EngineLoads
 from hotset_worker.manager import DEFAULT_MAX_QUEUE, DEFAULT_REQUEST_TIMEOUT_S
 from hotset_worker.frameworks.base import WorkerContext
 from hotset_worker.manager import ModelManager
@@ -72,6 +73,7 @@ class Settings:
     vllm_command: tuple[str, ...] = ()  # empty: vLLM's own OpenAI server, when vllm is installed
     vllm_device_memory: int | None = None  # None: the first GPU's memory
     vllm_start_timeout_s: float = DEFAULT_START_TIMEOUT_S
+    vllm_metrics_interval_s: float = 0.5  # how often each engine's /metrics is read (engine_load.py)
     vllm_cpu_cores_per_engine: int = 0  # on a pod without a GPU; 0: half the pod's cores
     log_level: str = "info"
     api_token: str = ""  # empty: no auth (standalone, loopback); cluster pods get one from a Secret
@@ -116,6 +118,8 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
         parser.error(f"--grpc-port must be a port number (0: a free one) or empty, got {args.grpc_port!r}")
     if float(args.backend_sync_s) <= 0:
         parser.error(f"--backend-sync-s must be positive, got {args.backend_sync_s}")
+    if float(args.vllm_metrics_interval_s) <= 0:
+        parser.error(f"--vllm-metrics-interval-s must be positive, got {args.vllm_metrics_interval_s}")
     if float(args.failed_load_backoff_s) < 0:
         parser.error(f"--failed-load-backoff-s must not be negative, got {args.failed_load_backoff_s}")
     if float(args.request_timeout_s) <= 0:
@@ -156,6 +160,7 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
             vllm_command=VllmEngines.parse_command(args.vllm_command or ""),
             vllm_device_memory=quantity.parse_bytes(args.vllm_device_memory) if args.vllm_device_memory else None,
             vllm_start_timeout_s=float(args.vllm_start_timeout_s),
+            vllm_metrics_interval_s=float(args.vllm_metrics_interval_s),
             vllm_cpu_cores_per_engine=int(args.vllm_cpu_cores_per_engine),
             log_level=args.log_level,
             client_limits=slow_clients.from_arguments(args),
@@ -263,6 +268,8 @@ def build_app(settings: Settings, store: ModelStore | None = None,
                           if device_name == "cpu" else None)
     backends = Backends([TritonBackend(settings.triton_url, settings.triton_repository), engines])
     metrics = WorkerMetrics(settings.pod_name, budget)
+    engine_loads = EngineLoads(engines.live, engines.session, settings.pod_name, settings.vllm_metrics_interval_s)
+    metrics.registry.register(engine_loads)  # the Inference Extension's model-server metrics, for its engines
     fetcher = build_fetcher(settings, metrics)
     context = WorkerContext(
         source_roots=settings.source_roots,
@@ -293,7 +300,7 @@ def build_app(settings: Settings, store: ModelStore | None = None,
         manager, metrics, backends, pod_name=settings.pod_name, max_body_bytes=settings.max_body_bytes,
         prepare=lambda: import_frameworks(store, context), inference_threads=settings.inference_threads,
         api_token=settings.api_token, max_model_queue=settings.max_model_queue, draining=draining,
-        backend_sync_s=settings.backend_sync_s,
+        backend_sync_s=settings.backend_sync_s, engine_loads=engine_loads,
         grpc_address=f"{settings.host}:{settings.grpc_port}" if settings.grpc_port is not None else None,
     )
 

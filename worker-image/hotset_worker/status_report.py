@@ -174,6 +174,8 @@ class StatusReports:
                  grpc_port: int | None = None) -> None:
         self.manager = manager
         self.grpc_port = grpc_port  # where this worker serves OIP v2 over gRPC; None: nowhere
+        # The vLLM engines' own figures (engine_load.EngineLoads.figures), in every report.
+        self.engine_loads: Callable[[], list[wire.EngineLoad]] = list
         self.entry_of = entry_of or (lambda spec: catalog_entry(spec, manager.known_size(spec)))
         self.pod_name = pod_name
         self.clock = clock or manager.now  # the clock of the times in the manager's views
@@ -307,6 +309,7 @@ class StatusReports:
             demand_half_life_s=half_life,
             preemptions=list(manager.preemptions),
             grpc_port=self.grpc_port,
+            engines=self.engine_loads(),
         )
 
     def _memory_sums(self) -> tuple[int, int]:

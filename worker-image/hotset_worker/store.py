@@ -63,7 +63,8 @@ class MemoryModelStore(ModelStore):
     def __init__(self, specs: Iterable[ModelSpec] = ()) -> None:
         self._lock = threading.Lock()
         self._specs: dict[str, ModelSpec] = {}
-        self._variants: dict[str, str] = {}  # model -> the id of its canary version
+        self._variants: dict[str, list[str]] = {}  # model -> the ids derived from it (canary version, static adapters)
+        self._derived: set[str] = set()  # those ids (a model of the store's own takes the place of one)
         self._generation = 0  # bumped by every change (status_report.py reads the catalog again then)
         for spec in specs:
             self.put(spec)
@@ -91,7 +92,7 @@ class MemoryModelStore(ModelStore):
     def replace(self, specs: Iterable[ModelSpec]) -> None:
         """Hold exactly `specs` (and their canary versions) from now on."""
         with self._lock:
-            self._specs, self._variants = {}, {}
+            self._specs, self._variants, self._derived = {}, {}, set()
             self._generation += 1
             for spec in specs:
                 self._put_locked(spec)
@@ -104,16 +105,29 @@ class MemoryModelStore(ModelStore):
         self._remove_locked(spec.id)
         self._generation += 1
         self._specs[spec.id] = spec
-        if (variant := spec.canary_variant()) is not None:
-            self._specs[variant.id] = variant
-            self._variants[spec.id] = variant.id
+        derived = [variant] if (variant := spec.canary_variant()) is not None else []
+        derived += spec.static_adapters()  # LoRA adapters its engine starts with, each a model of its own
+        kept = []
+        for other in derived:
+            if other.id in self._specs and other.id not in self._derived:
+                log.warning("model %s: %s is already a model of this store; its static adapter of that name is "
+                            "not served", spec.id, other.id)
+                continue
+            self._specs[other.id] = other
+            self._derived.add(other.id)
+            kept.append(other.id)
+        if kept:
+            self._variants[spec.id] = kept
 
     def _remove_locked(self, model_id: str) -> None:
         if model_id in self._specs:
             self._generation += 1
         self._specs.pop(model_id, None)
-        if (variant := self._variants.pop(model_id, None)) is not None:
-            self._specs.pop(variant, None)
+        self._derived.discard(model_id)
+        for derived in self._variants.pop(model_id, ()):
+            if derived in self._derived:  # not since replaced by a model of the store's own
+                self._specs.pop(derived, None)
+                self._derived.discard(derived)
 
 
 class JsonModelStore(MemoryModelStore):

@@ -151,6 +151,7 @@ class Engine:
     core_key: str = ""  # its block of CPU cores, where it has one (CoreSets)
     tail: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=LOG_TAIL_LINES))
     adapters: set[str] = field(default_factory=set)
+    static_adapters: frozenset[str] = frozenset()  # the LoRA adapters it was started with (--lora-modules)
     reader: threading.Thread | None = None  # copies its output into the log and `tail`
 
     @property
@@ -251,6 +252,12 @@ class VllmEngines:
         with self._lock:
             engine = self._engines.get(model_id)
         return engine if engine is not None and engine.alive() else None
+
+    def live(self) -> list[tuple[str, str]]:
+        """(model id, URL) of every engine that runs now (engine_load.py reads their /metrics)."""
+        with self._lock:
+            engines = list(self._engines.values())
+        return [(engine.model_id, engine.url) for engine in engines if engine.alive()]
 
     def start(self, spec: ModelSpec, folder: Path, engine_flags: Sequence[str]) -> Engine:
         """Start `spec`'s engine and wait until it answers ``/health`` (runs on a load thread)."""

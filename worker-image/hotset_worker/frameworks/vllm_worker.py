@@ -16,6 +16,11 @@ files' bytes, a light model under the same budget, and only exists while its
 base is loaded: the OpenAI routes hold the base for every adapter request,
 and an adapter whose engine went away is dropped like any lost copy.
 
+A base model's ``loraAdapters`` are static adapters: its engine starts with
+them (``--lora-modules name=folder``), and each one's copy (a spec of its own,
+``ModelSpec.static_adapters``) only checks that the running engine has it:
+nothing is loaded at runtime, and it counts no bytes of its own.
+
 Requests reach the engine untouched (``open_openai``); vLLM batches them
 continuously and validates them itself (its 400s pass through as they are).
 """
@@ -28,40 +33,24 @@ from typing import Any, Mapping
 import aiohttp
 import numpy as np
 
-from hotset_common import errors
+from hotset_common import engine_args, errors
 from hotset_common.spec import Task
 from hotset_worker import engine
 from hotset_worker.frameworks import sources
 from hotset_worker.frameworks.base import FrameworkWorker, StreamedResponse, TensorSpec
 from hotset_worker.vllm_engines import NAME, Engine, VllmEngines, answer_headers, forwarded_headers
 
-# Engine settings a ServedModel may pass (as vLLM's own flags); the worker sets model, host, port itself.
-# (No swap_space: vLLM 0.32 removed --swap-space, and an engine given it exits at once.)
-ENGINE_ARGS = frozenset({
-    "gpu_memory_utilization", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "dtype",
-    "quantization", "kv_cache_dtype", "block_size", "enforce_eager", "enable_prefix_caching",
-    "enable_chunked_prefill", "enable_lora", "max_loras", "max_lora_rank", "max_cpu_loras", "seed",
-    "tensor_parallel_size", "generation_config", "tokenizer_mode",
-})
 ADAPTER_WEIGHTS = ("*.safetensors", "*.bin", "*.pt")
 
 
 def engine_flags(args: Mapping[str, Any]) -> list[str]:
-    """``{"max_model_len": 2048, "enable_lora": True}`` as ``--max-model-len 2048 --enable-lora``."""
-    unknown = sorted(set(args) - ENGINE_ARGS)
-    if unknown:
-        raise errors.ModelLoadFailed(f"engineArgs {', '.join(unknown)} not accepted for vllm; accepted: "
-                                     f"{', '.join(sorted(ENGINE_ARGS))}")
-    flags: list[str] = []
-    for key, value in sorted(args.items()):
-        flag = "--" + key.replace("_", "-")
-        if value is True:
-            flags.append(flag)
-        elif value is False:
-            flags.append("--no-" + key.replace("_", "-"))
-        else:
-            flags += [flag, str(value)]
-    return flags
+    """``{"max_model_len": 2048, "enable_lora": True}`` as ``--enable-lora --max-model-len 2048``; a key the
+    pinned vLLM lacks or the project does not pass (hotset_common.engine_args, which the operator also
+    checks at admission) fails the load naming it: a model from a local store meets no admission."""
+    try:
+        return engine_args.to_flags(args)
+    except ValueError as exc:
+        raise errors.ModelLoadFailed(str(exc)) from exc
 
 
 def memory_share(spec: Any, device_bytes: int) -> tuple[float, int]:
@@ -116,14 +105,28 @@ class VllmWorker(FrameworkWorker):
             return
         share, size = memory_share(self.spec, self.engines.device_bytes)
         flags = ["--gpu-memory-utilization", f"{share:.4f}",
-                 *engine_flags({k: v for k, v in self.spec.engine_args.items() if k != "gpu_memory_utilization"})]
+                 *engine_flags({k: v for k, v in self.spec.engine_args.items() if k != "gpu_memory_utilization"}),
+                 *self._static_adapter_flags()]
         self._engine = self.engines.start(self.spec, self._folder, flags)
+        static = {adapter.name for adapter in self.spec.lora_adapters}
+        self._engine.static_adapters = frozenset(static)
+        self._engine.adapters |= static
         # On CPU the share covers the compute process's weights and KV cache only; the API server and
         # engine core processes take about 1.3 GB more (measured on vLLM 0.32). The copy counts what the
         # whole engine holds once it has answered, when that is more. (On a GPU the budget is the
         # device's, which the share is of.)
         on_cpu = self.engines.cpu_cores is not None
         self._bytes = max(size, self._engine.resident_bytes()) if on_cpu else size
+
+    def _static_adapter_flags(self) -> list[str]:
+        """``--enable-lora --lora-modules name=folder ...`` for the adapters the spec starts its engine
+        with (``loraAdapters``), each fetched like a model's source; nothing without them."""
+        adapters = self.spec.static_adapters()
+        if not adapters:
+            return []
+        modules = [f"{adapter.id}={sources.folder(adapter, self.context)}" for adapter in adapters]
+        enable = [] if self.spec.engine_args.get("enable_lora") else ["--enable-lora"]
+        return [*enable, "--lora-modules", *modules]
 
     def _load_adapter(self) -> None:
         import httpx
@@ -132,6 +135,13 @@ class VllmWorker(FrameworkWorker):
         if base is None:
             raise errors.BackendUnavailable(
                 f"LoRA adapter {self.spec.id!r} runs on {self.spec.base_model!r}, which is not loaded on this worker")
+        if self.spec.static_adapter:  # started with its base's engine: nothing to ask of it
+            if self.spec.id not in base.static_adapters:
+                raise errors.ModelLoadFailed(
+                    f"LoRA adapter {self.spec.id!r} is one of {self.spec.base_model!r}'s loraAdapters, but its running "
+                    f"engine was started without it; it comes with the engine's next start")
+            self._engine, self._bytes = base, 0  # its weights are the engine's, within the base's share
+            return
         assert self._folder is not None
         answer = httpx.post(base.url + "/v1/load_lora_adapter", timeout=120.0, headers=base.headers,
                             json={"lora_name": self.spec.id, "lora_path": str(self._folder)})
@@ -149,6 +159,8 @@ class VllmWorker(FrameworkWorker):
         if not self.adapter:
             self.engines.stop(self.spec.id, engine_)  # its own engine only (a new load may have started another)
             return
+        if self.spec.static_adapter:
+            return  # it stays in the engine it started with (and goes with that engine)
         engine_.adapters.discard(self.spec.id)
         if engine_.alive():
             import httpx

@@ -77,8 +77,12 @@ class HotsetError(Exception):
         self.message = message
 
 
-class ModelNotFound(HotsetError):
+class NotFound(HotsetError):
     status_code = 404
+
+
+class ModelNotFound(NotFound):
+    pass
 
 
 class BadInput(HotsetError):

@@ -42,7 +42,7 @@ ROUTER_PLACEMENTS_TOTAL = f"{PREFIX}_router_placements_total"  # labels: model, 
 ROUTER_RETRIES_TOTAL = f"{PREFIX}_router_retries_total"        # labels: model
 ROUTER_COPY_REMOVALS_TOTAL = f"{PREFIX}_router_copy_removals_total"  # idle extra copies unloaded; labels: model
 ROUTER_PODS = f"{PREFIX}_router_pods"                          # gauge: worker pods in the router's map
-ROUTER_UNOWNED_WORKER_PODS = f"{PREFIX}_router_unowned_worker_pods"  # gauge: labelled pods no operator Deployment owns
+ROUTER_UNOWNED_WORKER_PODS = f"{PREFIX}_router_unowned_worker_pods"  # gauge: labelled pods sent nothing: unowned or unproven
 ROUTER_POD_WAITS_TOTAL = f"{PREFIX}_router_pod_waits_total"    # requests held for a pod to start; labels: model, result
 ROUTER_CALLER_REVIEWS_TOTAL = f"{PREFIX}_router_caller_reviews_total"  # API calls checking callers; labels: question, answer
 ROUTER_POD_WAIT_SECONDS = f"{PREFIX}_router_pod_wait_seconds"  # histogram: how long they were held; labels: model
@@ -63,7 +63,7 @@ OPERATOR_ADMISSION_DECISIONS_TOTAL = f"{PREFIX}_operator_admission_decisions_tot
 OPERATOR_POOL_PASSES_TOTAL = f"{PREFIX}_operator_pool_passes_total"  # pool sizing passes (one per sync interval)
 OPERATOR_STATUS_WRITES_TOTAL = f"{PREFIX}_operator_status_writes_total"  # labels: resource (servedmodels, ...)
 OPERATOR_WRITES_PENDING = f"{PREFIX}_operator_writes_pending"  # gauge: status writes and events not yet sent
-OPERATOR_UNOWNED_WORKER_PODS = f"{PREFIX}_operator_unowned_worker_pods"  # gauge: labelled pods it asks nothing
+OPERATOR_UNOWNED_WORKER_PODS = f"{PREFIX}_operator_unowned_worker_pods"  # gauge: labelled pods it asks nothing: unowned or unproven
 CATALOG_MODELS = f"{PREFIX}_catalog_models"                    # gauge: entries of a catalog; labels: namespace, store
 # 1 per accepted ServedModel: whom to call about it (dashboards and alerts join it on `model`).
 MODEL_INFO = f"{PREFIX}_model_info"                              # gauge; labels: namespace, model, owner, oncall, latency_class

@@ -3,7 +3,7 @@
 Anyone who may create a pod in a pool namespace can give it the worker
 labels. Before this check, such a pod got the router's traffic (prompts to
 read, answers to forge) and the operator's report requests with the
-workers' token, and its report could scale the pool. A pod is a worker here
+then shared workers' token, and its report could scale the pool. A pod is a worker here
 only when the cluster's own controllers vouch for it:
 
 - its controller (the ownerReference marked ``controller``) is a ReplicaSet
@@ -15,8 +15,10 @@ only when the cluster's own controllers vouch for it:
   manages (labelled ``app.kubernetes.io/managed-by=hotset-operator``).
 
 Who may still pass: whoever may create or edit such a Deployment (that is
-who may run the operator's workers anyway). The shared token is still one
-per namespace; per-pod credentials are the next step (docs/security.md).
+who may run the operator's workers anyway). Ownership says which pods are
+workers; each of them must still prove it is the pod at its address before
+it gets anything (worker_identity.py: per-pod ServiceAccount tokens, no
+shared one; docs/security.md).
 
 The router and the operator both use this, each with its own view of the
 ReplicaSets and Deployments (watches, kopf indexes): a pure function of

@@ -119,8 +119,24 @@ class WorkerOption(enum.Enum):
                                      type=float)
     LOG_LEVEL = Option("--log-level", "HOTSET_LOG_LEVEL", "info", "the log level")
     API_TOKEN = Option("--api-token", "HOTSET_API_TOKEN", "",
-                       "bearer token every endpoint but health probes and /metrics requires; empty: none (cluster "
-                       "pods get one from a Secret; security.md)", shown="empty")
+                       "one fixed bearer token every endpoint but health probes, /metrics and /identity requires "
+                       "(a local stack on loopback); empty: none. Cluster pods check callers with --caller-keys "
+                       "instead", shown="empty")
+    CALLER_KEYS = Option("--caller-keys", "HOTSET_CALLER_KEYS", "",
+                         "cluster pods: a folder with the cluster's ServiceAccount issuer (`issuer`) and public keys "
+                         "(`jwks.json`), the operator's ConfigMap; every endpoint but health probes, /metrics and "
+                         "/identity then needs a ServiceAccount token for the audience hotset-worker of one of "
+                         "--trusted-callers (401 without one, 403 for another account; security.md)", shown="empty")
+    TRUSTED_CALLERS = Option("--trusted-callers", "HOTSET_TRUSTED_CALLERS", "",
+                             "with --caller-keys: the ServiceAccounts (namespace:name, comma-separated) whose tokens "
+                             "this worker answers (the operator sets the router's and its own)", shown="none")
+    IDENTITY_TOKEN_FILE = Option("--identity-token-file", "HOTSET_IDENTITY_TOKEN_FILE", "",
+                                 "this pod's own ServiceAccount token (audience hotset-worker-identity, bound to the "
+                                 "pod), handed out at /identity: how the router and the operator know which pod "
+                                 "answers (read again as the kubelet rewrites it)", shown="none")
+    CATALOG_TOKEN_FILE = Option("--catalog-token-file", "HOTSET_CATALOG_TOKEN_FILE", "",
+                                "this pod's ServiceAccount token for its pool's catalog feed (audience "
+                                "hotset-catalog), sent with every catalog request", shown="none")
     DRAIN_SECONDS = Option("--drain-seconds", "HOTSET_DRAIN_SECONDS", "5",
                            "after SIGTERM: report unready and keep serving this long before stopping", type=float)
     MAX_MODEL_QUEUE = Option("--max-model-queue", "HOTSET_MAX_MODEL_QUEUE", "64",

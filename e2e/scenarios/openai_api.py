@@ -1,4 +1,4 @@
-"""The OpenAI API through the router's Service, on the chart's install (the workers' token on).
+"""The OpenAI API through the router's Service, on the chart's install (worker identity on).
 
 What a user of the official clients meets: ``kubectl apply`` of a causal LM
 (``tiny-chat``) and a sentence encoder (``mini-embed``), both built by
@@ -54,7 +54,7 @@ def stream_events(platform: Platform, body: dict[str, Any]) -> tuple[httpx.Respo
 
 def openai_api_served(platform: Platform, kube: Kube) -> None:
     """tiny-chat and mini-embed applied as ServedModels: chat completions (whole, then streamed to
-    [DONE]) and embeddings answer 200 through the router, which holds the workers' token (a pool
+    [DONE]) and embeddings answer 200 through the router, which presents its own token (a pool
     pod refuses the route without it); a bad body is a 400 with a short message naming the field."""
     kube.apply([sample(CHAT_MODEL), sample(EMBEDDING_MODEL)])
     try:

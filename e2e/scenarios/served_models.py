@@ -13,7 +13,6 @@ for replication and failure scenarios (4-6), and the catalog shrinks (7, 8).
 from __future__ import annotations
 
 import concurrent.futures
-import json
 import threading
 import time
 from typing import Any
@@ -95,12 +94,10 @@ def router_sees_ready(platform: Platform, pod: str) -> bool:
 
 
 def worker_token(platform: Platform) -> str:
-    """The workers' API token, read from its Secret as a cluster admin would (docs/security.md)."""
-    import base64
-
-    secret = json.loads(platform.kubectl.kubectl("get", "secret", "hotset-worker-token", "-n", platform.namespace,
-                                                 "-o", "json").stdout)
-    return base64.b64decode(secret["data"]["token"]).decode()
+    """A token worker pods answer, as a cluster admin makes one: the router's ServiceAccount's, for the
+    workers' audience (docs/security.md, "Workers that prove who they are")."""
+    return platform.kubectl.kubectl("create", "token", "hotset-router", "-n", platform.namespace, "--audience",
+                                    "hotset-worker", "--duration", "10m").stdout.strip()
 
 
 def worker_status(platform: Platform, pod: str) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from hotset_common import quantity, wire
 from hotset_common.budget import BudgetMode
 from hotset_common.spec import Scheduling
+from hotset_common.worker_identity import WorkerIdentity
 from hotset_common.worker_ownership import WorkerTrust
 
 ENV_PREFIX = "HOTSET_OPERATOR_"
@@ -121,10 +122,15 @@ class OperatorConfig(BaseModel):
                                             "another is wanted (the router's replicate-inflight-per-copy)")
     queue_wait_s: float = Field(1.0, ge=0, description="a model whose requests wait this long for room is wanted")
     metrics_port: int = Field(0, ge=0, description="Prometheus /metrics port; 0: none")
-    # Trust (docs/security.md): the workers' API token (the operator's own copy, for status and
-    # unloads) and the Secret key worker pods read it from; file:// roots and Triton backends.
-    worker_token: str = Field("", repr=False)
-    worker_token_secret: str = Field("", description="Secret holding the workers' API token (key `token`); empty: none")
+    # Trust (docs/security.md): how worker pods and their callers prove who they are (per-pod
+    # ServiceAccount tokens; hotset_common.worker_identity) and the operator's own token for workers;
+    # file:// roots and Triton backends.
+    worker_identity: WorkerIdentity = Field(WorkerIdentity.NONE, description="pod-token (the chart): worker pods "
+                                            "verify the router's and the operator's ServiceAccount tokens and "
+                                            "prove which pod they are before they are asked anything; none: "
+                                            "neither (tests with stand-in pods)")
+    worker_token_file: str = Field("", description="the operator's own ServiceAccount token for workers (a projected "
+                                   "token for the audience hotset-worker), read again as the kubelet rotates it")
     file_roots: tuple[str, ...] = Field((), description="folders file:// sources may name; empty: pvc:// only")
     triton_backends: tuple[str, ...] = Field(("onnxruntime", "tensorrt", "pytorch", "tensorflow", "openvino"),
                                              description="Triton backends models may use (python runs the model's code)")
@@ -174,6 +180,14 @@ class OperatorConfig(BaseModel):
                 f"workers.memoryBudget ({quantity.format_bytes(self.pod_memory_budget)}) must be below "
                 f"workers.resources.worker.memory ({self.worker_memory}), the worker container's memory "
                 "limit, on CPU worker pods (workers.gpu.mode: none): models are held in that container's memory")
+        return self
+
+    @model_validator(mode="after")
+    def _identity_needs_an_account(self) -> "OperatorConfig":
+        """Worker pods prove themselves with tokens of the workers' ServiceAccount, which the router
+        and the operator check by name: it must be named."""
+        if self.worker_identity is WorkerIdentity.POD_TOKEN and not self.worker_service_account:
+            raise ValueError("worker_identity pod-token needs worker_service_account (the chart: hotset-worker)")
         return self
 
     @field_validator("worker_scheduling", "worker_network_rules", mode="before")

@@ -15,8 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any, Mapping
 
+from hotset_common import worker_identity
+from hotset_common.worker_identity import ReviewedTokens, TokenReviews, WorkerIdentity
 from hotset_operator import feed, kube
 from hotset_operator.approvals import Approvals
 from hotset_operator.catalog import Catalogs
@@ -28,6 +31,7 @@ from hotset_operator.pools import Pools
 from hotset_operator.quota_status import QuotaStatus
 from hotset_operator.reconciler import ModelReconciler
 from hotset_operator.served import ServedModels
+from hotset_operator.worker_proofs import CatalogReaders, ProvenPods
 from hotset_operator.writes import Writes
 
 log = logging.getLogger(__name__)
@@ -48,8 +52,15 @@ class Controller:
         self.models = ModelReconciler(config, metrics, self.catalogs, self.writes, self.fleet, self.served,
                                       indexes["model_quotas"], self.dedicated, QuotaStatus(self.writes, metrics),
                                       Approvals(kube_api, self.writes, lambda key: self.models.blocked_changed(key)))
-        self.pools = Pools(config, kube_api, metrics, self.writes, self.models, self.fleet, indexes)
-        self.feed = feed.FeedServer(feed.build_app(self.catalogs, lambda: self.models.ready, config.worker_token),
+        proven, readers = None, None
+        if config.worker_identity is WorkerIdentity.POD_TOKEN:  # docs/security.md, "Workers that prove who they are"
+            account = config.worker_service_account
+            proven = ProvenPods(ReviewedTokens(TokenReviews(kube_api.api_client, worker_identity.IDENTITY_AUDIENCE)),
+                                account, config.worker_port, config.report_timeout_s)
+            readers = CatalogReaders(ReviewedTokens(TokenReviews(kube_api.api_client, worker_identity.CATALOG_AUDIENCE)),
+                                     account, lambda: self.pools.trusted_pods(), time.monotonic)
+        self.pools = Pools(config, kube_api, metrics, self.writes, self.models, self.fleet, indexes, proven=proven)
+        self.feed = feed.FeedServer(feed.build_app(self.catalogs, lambda: self.models.ready, readers),
                                     config.catalog_host, config.catalog_port)
         self.writes.on_failed = self._not_written
         self._tasks: list[asyncio.Task[None]] = []

@@ -130,6 +130,12 @@ class DedicatedGroups:
 
     def _create(self, entry: ModelEntry, spec: ModelSpec, name: str) -> None:
         body = _body(entry)
+        # Its pods run as the workers' ServiceAccount, which must exist before them in a namespace of
+        # their own (the pool pass keeps it, with the namespace's other owners: pools.converge_identity).
+        account = workloads.build_worker_service_account(self.config, entry.namespace,
+                                                         [{**workloads.owner_reference(body), "controller": False}])
+        if account is not None:
+            self.kube.apply_service_account(account)
         self.kube.apply_deployment(workloads.build_dedicated_deployment(spec, body, self.config, spec.replicas.min))
         # Hand the replicas over: the autoscaler's manager takes them, this one lets go of them.
         self.kube.scale_deployment(entry.namespace, name, spec.replicas.min)

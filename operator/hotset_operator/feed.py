@@ -4,10 +4,12 @@
 (hotset_common.model_store.CatalogUpdate): without a cursor, or with one from
 another operator process or older than the changes kept, the complete catalog;
 otherwise what changed after that revision, the request held open up to
-`wait` seconds until something does. Workers present the API token they
-already hold (docs/security.md); until the operator has judged every model
-once after it started, the feed answers 503 with Retry-After, so a restarted
-operator never hands a pod an incomplete catalog to replace its own with.
+`wait` seconds until something does. With worker identity on, a pool's
+catalog answers only that pool's own pods, each presenting its catalog token
+(``Readers``: worker_proofs.CatalogReaders; docs/security.md); until the
+operator has judged every model once after it started, the feed answers 503
+with Retry-After, so a restarted operator never hands a pod an incomplete
+catalog to replace its own with.
 
 aiohttp, which kopf itself runs on, serves it on kopf's event loop: a long
 poll is a parked coroutine, so a thousand pods following cost no thread each.
@@ -15,10 +17,9 @@ poll is a parked coroutine, so a thousand pods following cost no thread each.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
-from typing import Callable
+from typing import Callable, Protocol
 
 from aiohttp import web
 
@@ -52,17 +53,28 @@ def _wait_s(text: str) -> float:
         return 0.0
 
 
-def build_app(catalogs: Catalogs, ready: Callable[[], bool], token: str = "") -> web.Application:
-    """The feed's routes over `catalogs`; `ready()`: every model has been judged once."""
+class Readers(Protocol):
+    async def refusal(self, authorization: str, namespace: str, store: str) -> tuple[int, str] | None:
+        """None: the request (its Authorization header) may read catalog `store` of `namespace`;
+        else the status and message of its refusal."""
+
+
+def build_app(catalogs: Catalogs, ready: Callable[[], bool], readers: Readers | None = None) -> web.Application:
+    """The feed's routes over `catalogs`; `ready()`: every model has been judged once; `readers`:
+    who may read which catalog (None: anyone, as on a local stack)."""
 
     async def catalog(request: web.Request) -> web.Response:
-        sent = request.headers.get("Authorization", "").encode("utf-8", "replace")
-        if token and not hmac.compare_digest(sent, f"Bearer {token}".encode()):
-            return web.json_response({"error": "this catalog needs the workers' API token"}, status=401)
+        store = (request.match_info["namespace"], request.match_info["store"])
+        if readers is not None:
+            refused = await readers.refusal(request.headers.get("Authorization", ""), *store)
+            if refused is not None:
+                status, message = refused
+                headers = {"WWW-Authenticate": "Bearer"} if status == 401 else \
+                    {"Retry-After": "5"} if status == 503 else {}
+                return web.json_response({"error": message}, status=status, headers=headers)
         if not ready():
             return web.json_response({"error": "the operator is still reading its models"}, status=503,
                                      headers={"Retry-After": "1"})
-        store = (request.match_info["namespace"], request.match_info["store"])
         since = _cursor(request.query.get(model_store.CURSOR_PARAM, ""), catalogs.epoch)
         wait_s = _wait_s(request.query.get(model_store.WAIT_PARAM, ""))
         current = catalogs.get(store)

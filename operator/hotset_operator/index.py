@@ -110,6 +110,7 @@ class WorkerPod:
     draining_since: float | None = None  # unix seconds, from labels.DRAINING
     deleting: bool = False
     claim: PodClaim = PodClaim(None)  # its controller and labels: whether the operator's Deployment owns it
+    uid: str = ""  # what its identity token must be bound to (worker_proofs.py)
 
 
 @dataclass(frozen=True)
@@ -218,7 +219,7 @@ def pod_entry(body: Mapping[str, Any]) -> WorkerPod:
         ready=any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions),
         pool=labels.pool_of(meta.get("labels") or {}), problem=_problem(status.get("containerStatuses") or []),
         namespace=str(meta.get("namespace", "")), draining_since=_draining_since(meta.get("annotations") or {}),
-        deleting=bool(meta.get("deletionTimestamp")), claim=PodClaim.of(meta))
+        deleting=bool(meta.get("deletionTimestamp")), claim=PodClaim.of(meta), uid=str(meta.get("uid", "")))
 
 
 def deployment_entry(body: Mapping[str, Any]) -> DeploymentEntry:

@@ -51,6 +51,11 @@ class Kube:
         self._lock = threading.Lock()
         self._groups: dict[str, Any] = {}
 
+    @property
+    def api_client(self) -> client.ApiClient:
+        """The client every call goes through (its credentials: in-cluster, or $KUBECONFIG)."""
+        return self._api
+
     def _group(self, name: str) -> Any:
         with self._lock:
             if name not in self._groups:
@@ -129,6 +134,37 @@ class Kube:
     def apply_secret(self, secret: dict[str, Any]) -> str:
         """Create or converge a Secret (the pool's source credentials); returns its resourceVersion."""
         return _server_side_apply(self._core.patch_namespaced_secret, secret)
+
+    def apply_service_account(self, account: dict[str, Any]) -> str:
+        """Create or converge a ServiceAccount (the workers', outside the release namespace)."""
+        return _server_side_apply(self._core.patch_namespaced_service_account, account)
+
+    def apply_config_map(self, config_map: dict[str, Any]) -> str:
+        """Create or converge a ConfigMap (the cluster's ServiceAccount keys, for worker pods)."""
+        return _server_side_apply(self._core.patch_namespaced_config_map, config_map)
+
+    def issuer_keys(self) -> tuple[str, dict[str, Any]]:
+        """The cluster's ServiceAccount issuer and its public keys (JWKS), from the API server's
+        discovery endpoints (``/.well-known/openid-configuration``, ``/openid/v1/jwks``), which the
+        chart grants the operator and Kubernetes grants every ServiceAccount by default."""
+        configuration = self._get_json("/.well-known/openid-configuration")
+        issuer = str(configuration.get("issuer") or "")
+        keys = self._get_json("/openid/v1/jwks")
+        if not issuer or not isinstance(keys.get("keys"), list):
+            raise ValueError("the API server published no ServiceAccount issuer or keys")
+        return issuer, keys
+
+    def _get_json(self, path: str) -> dict[str, Any]:
+        request = self._api.param_serialize("GET", path, header_params={"Accept": "application/json, application/jwk-set+json"},
+                                            auth_settings=["BearerToken"])
+        response = self._api.call_api(*request, _request_timeout=10)
+        response.read()
+        if not 200 <= response.status <= 299:
+            raise ApiException(status=response.status, reason=response.reason)
+        found = json.loads(response.data)
+        if not isinstance(found, dict):
+            raise ValueError(f"{path} is not a JSON object")
+        return found
 
     def secret_data(self, namespace: str, name: str) -> dict[str, str] | None:
         """A Secret's data (base64 values, as stored); None when it does not exist or may not be read."""

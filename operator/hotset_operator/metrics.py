@@ -45,8 +45,8 @@ class OperatorMetrics:
         self.writes_pending = Gauge(names.OPERATOR_WRITES_PENDING, "Status writes and events not yet sent",
                                     registry=r)
         self.unowned_worker_pods = Gauge(names.OPERATOR_UNOWNED_WORKER_PODS,
-                                         "Pods with the worker labels that no Deployment of the operator owns: "
-                                         "asked for no report, sent no token", registry=r)
+                                         "Pods with the worker labels that no Deployment of the operator owns, or "
+                                         "that did not prove which pod they are: asked for no report, sent no token", registry=r)
         self.catalog_models = Gauge(names.CATALOG_MODELS, "Models in a catalog worker pods follow",
                                     ["namespace", "store"], registry=r)
         self.model_info = Gauge(names.MODEL_INFO, "1 per accepted ServedModel: its owner, on-call contact and "

@@ -16,7 +16,14 @@ One pass:
 4. **each namespace with worker pods**: its source-credentials Secret
    (``credentials.py``), gathered again only when a model that names
    credentials came, changed or went, or the Secrets' reads expired, and
-   applied only when it changed.
+   applied only when it changed; with worker identity on, before any of
+   its pods is asked anything, the workers' ServiceAccount (outside the
+   release namespace) and the cluster's ServiceAccount keys the pods verify
+   their callers with (read from the API server every ``KEYS_REFRESH_S``).
+
+With worker identity on, only pods that proved which pod they are
+(``worker_proofs.ProvenPods``) are asked for reports; the others still count
+for their pool's size.
 
 What the pods need from their models (the Triton sidecar, oci:// image
 volumes, which models name credentials) is kept by the reconciler as models
@@ -43,25 +50,29 @@ from hotset_common import worker_ownership as ownership
 from hotset_common.spec import ModelSpec
 from hotset_common.worker_ownership import WorkerTrust
 from hotset_common.wire import WorkerStatus
+from hotset_common.worker_identity import BearerToken, WorkerIdentity
 from hotset_operator import autoscaler, credentials, demand, drain, index, kinds, kube, workers, workloads
 from hotset_operator.config import Autoscaling, OperatorConfig, PoolMode
 from hotset_operator.fleet import Fleet
 from hotset_operator.index import DeploymentEntry, ModelEntry, PoolEntry, WorkerPod
 from hotset_operator.metrics import OperatorMetrics
 from hotset_operator.reconciler import ModelReconciler
+from hotset_operator.worker_proofs import ProvenPods
 from hotset_operator.writes import Writes
 
 log = logging.getLogger(__name__)
 DRAIN_COST = "-1000"  # pod-deletion-cost of a drained pod: lower than every other pod's (default 0)
 REAPPLY_S = 60.0  # re-apply an unchanged manifest this often (someone may have edited it)
 POOL_OWNERS = 8  # a namespace pool is owned by its oldest shared models, at most this many (see pool_owners)
+KEYS_REFRESH_S = 300.0  # the cluster's ServiceAccount keys are read again this often (they rotate rarely)
+KEYS_RETRY_S = 10.0  # ... and this soon after a read failed
 
 
 class Pools:
     def __init__(self, config: OperatorConfig, kube_api: kube.Kube, metrics: OperatorMetrics, writes: Writes,
                  models: ModelReconciler, fleet: Fleet, indexes: Mapping[str, Mapping[Any, Any]],
                  clock: Callable[[], float] = time.monotonic,
-                 wall: Callable[[], float] = time.time) -> None:
+                 wall: Callable[[], float] = time.time, proven: ProvenPods | None = None) -> None:
         self.config = config
         self.kube = kube_api
         self.metrics = metrics
@@ -76,7 +87,10 @@ class Pools:
         self.memories: dict[tuple[str, str], demand.DemandMemory] = defaultdict(lambda: demand.DemandMemory(clock))
         self._applied: dict[tuple[str, ...], tuple[str, float]] = {}  # what was last applied, and when
         self._pool_owners: dict[str, tuple[int, list[dict[str, Any]]]] = {}  # namespace -> (version, owners)
-        self._http = workers.client(config.worker_token, config.report_timeout_s)
+        self._http = workers.client(BearerToken(path=config.worker_token_file or None), config.report_timeout_s)
+        self.proven = proven  # worker identity on: only pods that proved which pod they are are asked
+        self._keys: tuple[str, dict[str, Any]] | None = None  # the cluster's ServiceAccount issuer and keys
+        self._keys_due = -math.inf  # when to read them again
         self._reasons: dict[str, str] = {}  # what each pool's demand said last (logged when it changes)
         self._refused: dict[tuple[str, str], str] = {}  # labelled pods that are not workers -> why (logged once)
         self.credentials = credentials.CredentialGatherer(kube_api, clock=clock)
@@ -84,6 +98,8 @@ class Pools:
 
     async def close(self) -> None:
         await self._http.aclose()
+        if self.proven is not None:
+            await self.proven.aclose()
 
     async def run(self) -> None:
         """A pass every pool_sync_interval_s, forever (cancel to stop); a failed pass is retried."""
@@ -100,8 +116,9 @@ class Pools:
 
     def trusted_pods(self) -> list[WorkerPod]:
         """The labelled pods that are workers: with the default trust, those the operator's own
-        Deployments own (hotset_common.worker_ownership). Only these are asked for reports (with the
-        workers' token) and counted for copies, queues and scaling; the others are logged once."""
+        Deployments own (hotset_common.worker_ownership). Only these are asked for reports (once
+        they proved which pod they are) and counted for copies, queues and scaling; the others are
+        logged once."""
         pods = [p for p in index.values(self.indexes["worker_pods"]) if not p.deleting]
         if self.config.worker_trust is WorkerTrust.LABELLED:
             return pods
@@ -118,12 +135,14 @@ class Pools:
         for key in refused.keys() - self._refused.keys():
             log.warning("pod %s/%s has the worker labels but is not asked for reports: %s", *key, refused[key])
         self._refused = refused
-        self.metrics.unowned_worker_pods.set(len(refused))
         return trusted
 
     async def converge(self) -> None:
         pods = self.trusted_pods()
-        reports = await workers.fetch_reports(self._http, pods, self.config.worker_port)
+        asked, unproven = (await self.proven.only_proven(pods)) if self.proven is not None else (pods, {})
+        # Labelled pods asked nothing: no Deployment of the operator owns them, or they did not prove who they are.
+        self.metrics.unowned_worker_pods.set(len(self._refused) + len(unproven))
+        reports = await workers.fetch_reports(self._http, asked, self.config.worker_port)
         changed = self.fleet.update(pods, reports)
         if changed:
             self.models.copies_changed(changed)
@@ -133,20 +152,46 @@ class Pools:
         for pod in pods:
             by_namespace[pod.namespace].append(pod)
         await self.ensure_pools()
-        owners: dict[str, list[dict[str, Any]]] = defaultdict(list)  # namespace -> who its Secret goes with
-        for pool in sorted(index.values(self.indexes["worker_pools"]), key=lambda p: p.namespace):
-            if self.is_managed(pool):
-                await self.converge_pool(pool, by_namespace.get(pool.namespace, []))
-                owners[pool.namespace].append(pool.owner)
-        for entry in self.models.dedicated_models():
-            await self.converge_dedicated(entry, by_namespace.get(entry.namespace, []))
+        pools = [pool for pool in sorted(index.values(self.indexes["worker_pools"]), key=lambda p: p.namespace)
+                 if self.is_managed(pool)]
+        dedicated = list(self.models.dedicated_models())
+        owners: dict[str, list[dict[str, Any]]] = defaultdict(list)  # namespace -> who its Secrets go with
+        for pool in pools:
+            owners[pool.namespace].append(pool.owner)
+        for entry in dedicated:
             if len(owners[entry.namespace]) < POOL_OWNERS:
                 owners[entry.namespace].append(_model_owner(entry))
+        if self.config.worker_identity is WorkerIdentity.POD_TOKEN:  # before the pods it concerns
+            await self.converge_identity(owners)
+        for pool in pools:
+            await self.converge_pool(pool, by_namespace.get(pool.namespace, []))
+        for entry in dedicated:
+            await self.converge_dedicated(entry, by_namespace.get(entry.namespace, []))
         for namespace in sorted(owners):
             await self.converge_credentials(namespace, owners[namespace])
-            token = workloads.build_worker_token_secret(self.config, namespace, owners[namespace])
-            if token is not None:
-                await self._apply_if_changed(("worker-token", namespace), token, self.kube.apply_secret)
+
+    # --- worker identity ----------------------------------------------------------------------
+
+    async def converge_identity(self, owners: Mapping[str, list[dict[str, Any]]]) -> None:
+        """In each namespace with worker pods: the workers' ServiceAccount (outside the release
+        namespace: the kubelet projects the pods' identity tokens for it) and the cluster's
+        ServiceAccount keys the pods verify their callers with, read again every KEYS_REFRESH_S
+        (kept as they were when the API server does not answer)."""
+        if self.clock() >= self._keys_due:
+            try:
+                self._keys = await asyncio.to_thread(self.kube.issuer_keys)
+                self._keys_due = self.clock() + KEYS_REFRESH_S
+            except Exception as exc:  # noqa: BLE001 - pods keep the keys they have; asked again soon
+                self._keys_due = self.clock() + KEYS_RETRY_S
+                log.warning("could not read the cluster's ServiceAccount keys (again in %.0f s): %s", KEYS_RETRY_S, exc)
+        for namespace in sorted(owners):
+            account = workloads.build_worker_service_account(self.config, namespace, owners[namespace])
+            if account is not None:
+                await self._apply_if_changed(("worker-account", namespace), account, self.kube.apply_service_account)
+            keys = workloads.build_issuer_keys(self.config, namespace, self._keys,
+                                               owners[namespace] if namespace != self.config.namespace else self.owners)
+            if keys is not None:
+                await self._apply_if_changed(("issuer-keys", namespace), keys, self.kube.apply_config_map)
 
     # --- source credentials -------------------------------------------------------------------
 

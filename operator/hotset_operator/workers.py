@@ -15,21 +15,29 @@ import httpx
 import pydantic
 
 from hotset_common.wire import WorkerStatus
+from hotset_common.worker_identity import BearerToken
 from hotset_operator.index import WorkerPod
 
 log = logging.getLogger(__name__)
 LARGE_REPORT = 64 * 1024  # bytes: a report this long takes milliseconds to parse
 
 
-def _auth(token: str) -> dict[str, str]:
-    """Workers in cluster mode answer only callers with their API token (docs/security.md)."""
-    return {"Authorization": f"Bearer {token}"} if token else {}
+class _Bearer(httpx.Auth):
+    """The operator's credential on every call: workers in cluster mode answer only the router's and
+    the operator's own ServiceAccount tokens, read again as the kubelet rotates them (docs/security.md)."""
+
+    def __init__(self, credential: BearerToken) -> None:
+        self.credential = credential
+
+    def auth_flow(self, request: httpx.Request):  # type: ignore[no-untyped-def]
+        request.headers.update(self.credential.headers())
+        yield request
 
 
-def client(token: str = "", timeout_s: float = 2.0, pods: int = 64) -> httpx.AsyncClient:
+def client(credential: BearerToken | None = None, timeout_s: float = 2.0, pods: int = 64) -> httpx.AsyncClient:
     """One pooled client for every report (a connection kept per pod)."""
     limits = httpx.Limits(max_connections=pods, max_keepalive_connections=pods)
-    return httpx.AsyncClient(timeout=httpx.Timeout(timeout_s), headers=_auth(token), limits=limits)
+    return httpx.AsyncClient(timeout=httpx.Timeout(timeout_s), auth=_Bearer(credential or BearerToken()), limits=limits)
 
 
 async def _report(http: httpx.AsyncClient, pod: WorkerPod, port: int) -> WorkerStatus | None:

@@ -26,7 +26,6 @@ All of it is decided here, in the pod template.
 """
 from __future__ import annotations
 
-import base64
 import dataclasses
 import hashlib
 import json
@@ -36,7 +35,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import pydantic
 
-from hotset_common import labels, model_store
+from hotset_common import labels, model_store, worker_identity as identity
 from hotset_common import sources as locations
 from hotset_common.spec import API_VERSION, KIND, Framework, ModelSpec, Scheduling, with_variants
 from hotset_common.worker_settings import WorkerOption as Opt
@@ -56,7 +55,8 @@ RUN_AS_USER = 1000
 MANAGER = labels.OPERATOR_MANAGER
 SPEC_HASH = "hotset.io/spec-hash"
 GPU_CLAIM = "gpu"  # dra: the pod's one ResourceClaim, named by both containers
-TOKEN_KEY = "token"  # the key of the workers' API token in its Secret
+IDENTITY_VOLUME = "hotset-tokens"  # the worker's projected identity and catalog tokens
+KEYS_VOLUME = "issuer-keys"  # the cluster's ServiceAccount issuer and keys (identity.KEYS_CONFIGMAP)
 SHARED_MEMORY = "dshm"  # GPU pods: the worker container's /dev/shm
 # Remote sources (docs/frameworks.md, "Model sources"): the pod's source cache (both containers:
 # Triton reads cached Triton models in place), oci:// image volumes, the credentials Secret.
@@ -279,9 +279,7 @@ def build_worker_container(config: OperatorConfig, pinned: Sequence[str], namesp
         *_source_env(config),
         {"name": "HOME", "value": "/tmp"},
     ]
-    if config.worker_token_secret:  # only the router and the operator hold it
-        env.append({"name": Opt.API_TOKEN.env,
-                    "valueFrom": {"secretKeyRef": {"name": config.worker_token_secret, "key": TOKEN_KEY}}})
+    env += identity_env(config)
     mounts = [{"name": "model-repository", "mountPath": MODEL_REPOSITORY},
               {"name": "worker-tmp", "mountPath": "/tmp"},
               {"name": "source-cache", "mountPath": SOURCE_CACHE},
@@ -291,6 +289,9 @@ def build_worker_container(config: OperatorConfig, pinned: Sequence[str], namesp
     mounts += _image_mounts(images)
     if shared_memory_volume(config):
         mounts.append({"name": SHARED_MEMORY, "mountPath": "/dev/shm"})
+    if identity_volumes(config):
+        mounts += [{"name": IDENTITY_VOLUME, "mountPath": identity.TOKENS_DIR, "readOnly": True},
+                   {"name": KEYS_VOLUME, "mountPath": identity.KEYS_DIR, "readOnly": True}]
     return {
         "name": WORKER_CONTAINER,
         "image": config.worker_image,
@@ -346,6 +347,37 @@ def build_triton_container(config: OperatorConfig, images: Sequence[locations.Oc
     }
 
 
+def trusted_callers(config: OperatorConfig) -> str:
+    """The accounts worker pods answer: the router's and the operator's, of the release namespace."""
+    return ",".join(f"{config.namespace}:{account}" for account in (identity.ROUTER_ACCOUNT, identity.OPERATOR_ACCOUNT))
+
+
+def identity_env(config: OperatorConfig) -> list[dict[str, str]]:
+    """pod-token: the worker checks its callers' tokens with the cluster's keys and presents tokens of
+    its own (docs/security.md, "Workers that prove who they are"); none: nothing."""
+    if config.worker_identity is not identity.WorkerIdentity.POD_TOKEN:
+        return []
+    return [Opt.CALLER_KEYS.variable(identity.KEYS_DIR),
+            Opt.TRUSTED_CALLERS.variable(trusted_callers(config)),
+            Opt.IDENTITY_TOKEN_FILE.variable(f"{identity.TOKENS_DIR}/{identity.IDENTITY_TOKEN_FILE}"),
+            Opt.CATALOG_TOKEN_FILE.variable(f"{identity.TOKENS_DIR}/{identity.CATALOG_TOKEN_FILE}")]
+
+
+def identity_volumes(config: OperatorConfig) -> list[dict[str, Any]]:
+    """pod-token: the pod's own tokens, projected by the kubelet (bound to the pod, each for one
+    audience, rewritten before they expire), and the keys ConfigMap the operator writes (optional:
+    a pod may start before it; the worker answers 503 until the kubelet has put it there)."""
+    if config.worker_identity is not identity.WorkerIdentity.POD_TOKEN:
+        return []
+    tokens = [{"serviceAccountToken": {"audience": audience, "expirationSeconds": identity.TOKEN_SECONDS,
+                                       "path": path}}
+              for audience, path in ((identity.IDENTITY_AUDIENCE, identity.IDENTITY_TOKEN_FILE),
+                                     (identity.CATALOG_AUDIENCE, identity.CATALOG_TOKEN_FILE))]
+    return [{"name": IDENTITY_VOLUME, "projected": {"sources": tokens}},
+            {"name": KEYS_VOLUME, "configMap": {"name": identity.KEYS_CONFIGMAP, "optional": True,
+                                                "defaultMode": 0o444}}]
+
+
 def shared_memory_volume(config: OperatorConfig) -> list[dict[str, Any]]:
     """GPU pods: a memory-backed /dev/shm for the worker container. A container's own is 64 MiB;
     NCCL and vLLM's tensor-parallel workers pass tensors through it and fail or crawl in less.
@@ -376,10 +408,12 @@ def build_worker_pod_template(config: OperatorConfig, dedicated_to: str | None, 
                 for claim in config.model_claims]
     volumes += source_volumes(config, images)
     volumes += shared_memory_volume(config)
+    volumes += identity_volumes(config)
     template = {
         "metadata": {"labels": worker_labels(dedicated_to), **({"annotations": annotations} if annotations else {})},
         "spec": {
-            # Workers never call the API server: no token in the pod.
+            # Workers never call the API server: no token for it in the pod (their own tokens are
+            # for other audiences: identity_volumes).
             "automountServiceAccountToken": False,
             "terminationGracePeriodSeconds": 60,
             "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS_USER, "runAsGroup": RUN_AS_USER,
@@ -519,21 +553,42 @@ def build_network_policy(config: OperatorConfig, name: str, namespace: str, dedi
     }
 
 
-def build_worker_token_secret(config: OperatorConfig, namespace: str,
-                              owners: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
-    """The workers' API token in a namespace outside the release's where the operator runs worker
-    pods (a namespace's own pool, dedicated groups in their models' namespaces): their containers
-    read it from a Secret of their own namespace (``build_worker_container``), which the chart makes
-    in the release namespace only. It goes with the same owners as the pods. None: no token, or
-    the release namespace (the chart's own Secret)."""
-    if not config.worker_token or not config.worker_token_secret or namespace == config.namespace:
-        return None
-    metadata: dict[str, Any] = {"name": config.worker_token_secret, "namespace": namespace,
+def _identity_metadata(name: str, namespace: str, owners: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    metadata: dict[str, Any] = {"name": name, "namespace": namespace,
                                 "labels": {labels.PART_OF: labels.PROJECT, labels.MANAGED_BY: MANAGER}}
     if owners:
         metadata["ownerReferences"] = list(owners)
-    token = base64.b64encode(config.worker_token.encode()).decode()
-    return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque", "metadata": metadata, "data": {TOKEN_KEY: token}}
+    return metadata
+
+
+def build_worker_service_account(config: OperatorConfig, namespace: str,
+                                 owners: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """The workers' ServiceAccount in a namespace outside the release's where the operator runs worker
+    pods (a namespace's own pool, dedicated groups in their models' namespaces): the kubelet projects
+    the pods' identity tokens for it, and the router and the operator accept only its tokens, bound
+    to the pod. No token for the API server is mounted from it. It goes with the same owners as the
+    pods. None: the release namespace (the chart's own), or worker identity off."""
+    if config.worker_identity is not identity.WorkerIdentity.POD_TOKEN or namespace == config.namespace:
+        return None
+    if not config.worker_service_account:
+        return None
+    return {"apiVersion": "v1", "kind": "ServiceAccount",
+            "metadata": _identity_metadata(config.worker_service_account, namespace, owners),
+            "automountServiceAccountToken": False}
+
+
+def build_issuer_keys(config: OperatorConfig, namespace: str, keys: tuple[str, dict[str, Any]] | None,
+                      owners: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """The cluster's ServiceAccount issuer and public keys (`keys`: as the API server's discovery
+    endpoints publish them) in every namespace with worker pods: the pods mount it and verify their
+    callers' tokens with it, so they need no API access. Public data; it goes with the pods'
+    owners. None: worker identity off, or no keys read yet."""
+    if config.worker_identity is not identity.WorkerIdentity.POD_TOKEN or keys is None:
+        return None
+    issuer, jwks = keys
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": _identity_metadata(identity.KEYS_CONFIGMAP, namespace, owners),
+            "data": identity.keys_data(issuer, jwks)}
 
 
 def spec_hash(spec: ModelSpec) -> str:

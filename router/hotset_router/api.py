@@ -82,7 +82,7 @@ def create_app(service: RouterService, admin_token: str | None = None, max_body_
                 await grpc_client.aclose()
             await service.stop()
 
-    grpc_client = GrpcWorkerClient(service.grpc_port, service.settings.worker_token, max_body_bytes)
+    grpc_client = GrpcWorkerClient(service.grpc_port, service.settings.worker_credential, max_body_bytes)
 
     async def start_grpc() -> grpc.aio.Server:
         assert grpc_address is not None
@@ -179,7 +179,9 @@ def create_app(service: RouterService, admin_token: str | None = None, max_body_
     @app.get("/metrics")
     async def prometheus() -> Response:
         unowned = getattr(service.discovery, "unowned_pods", None)  # cluster mode only
-        metrics.before_scrape(pods=len(service.model_map.pods()), unowned_pods=unowned() if unowned else 0)
+        # Labelled pods sent nothing: no operator Deployment owns them, or they did not prove which pod they are.
+        metrics.before_scrape(pods=len(service.model_map.pods()),
+                              unowned_pods=(unowned() if unowned else 0) + len(service.sync.unproven))
         # On a thread: thousands of bounded per-model series still take long to render, and the
         # event loop carries every request.
         body = await asyncio.to_thread(generate_latest, metrics.registry)

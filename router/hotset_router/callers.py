@@ -32,14 +32,15 @@ import enum
 import hashlib
 import logging
 import time
-from collections import OrderedDict
-from typing import Any, Awaitable, Callable, Generic, Hashable, Iterable, Mapping, Protocol, TypeVar
+from typing import Any, Callable, Iterable, Mapping, Protocol, TypeVar
 
 from hotset_common import errors, http, wire
 from hotset_common import spec as spec_module
+from hotset_common.answers import Answers
 from hotset_router.jwt_issuers import Identity, IssuerUnavailable, JwtAuthenticator, JwtIssuers, Refusal
 
 log = logging.getLogger(__name__)
+Value = TypeVar("Value")
 
 CALL_VERB = "create"  # what calling a model is, in RBAC's terms: create on servedmodels/predict
 PREDICT_SUBRESOURCE = "predict"
@@ -111,48 +112,6 @@ class KubernetesReviews:
         status = self._authorization.create_subject_access_review(c.V1SubjectAccessReview(spec=spec),
                                                                   _request_timeout=self.timeout_s).status
         return bool(status is not None and status.allowed)
-
-
-Key = TypeVar("Key", bound=Hashable)
-Value = TypeVar("Value")
-
-
-class Answers(Generic[Key, Value]):
-    """Reviews' answers for a while: truthy ones `ttl_s`, falsy ones `refused_ttl_s` (a grant made
-    just now works soon), at most `max_entries` (the oldest go first). A key asked again while its
-    review runs waits for that review; a review that failed is not kept."""
-
-    def __init__(self, ttl_s: float, refused_ttl_s: float, max_entries: int, clock: Callable[[], float]) -> None:
-        self.ttl_s = ttl_s
-        self.refused_ttl_s = refused_ttl_s
-        self.max_entries = max_entries
-        self._clock = clock
-        self._entries: OrderedDict[Key, tuple[float, Value]] = OrderedDict()
-        self._pending: dict[Key, asyncio.Future[Value]] = {}
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    async def get(self, key: Key, review: Callable[[], Awaitable[Value]]) -> Value:
-        entry = self._entries.get(key)
-        if entry is not None and entry[0] > self._clock():
-            return entry[1]
-        pending = self._pending.get(key)
-        if pending is None:
-            pending = asyncio.ensure_future(review())
-            self._pending[key] = pending
-            pending.add_done_callback(lambda done: self._settle(key, done))
-        return await asyncio.shield(pending)  # a waiter that leaves does not cancel the others' review
-
-    def _settle(self, key: Key, done: asyncio.Future[Value]) -> None:
-        self._pending.pop(key, None)
-        if done.cancelled() or done.exception() is not None:
-            return
-        value = done.result()
-        self._entries[key] = (self._clock() + (self.ttl_s if value else self.refused_ttl_s), value)
-        self._entries.move_to_end(key)
-        while len(self._entries) > self.max_entries:
-            self._entries.popitem(last=False)
 
 
 @dataclasses.dataclass(frozen=True)

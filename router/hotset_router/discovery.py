@@ -34,6 +34,7 @@ from hotset_common import labels, model_store
 from hotset_common import spec as spec_module
 from hotset_common import worker_ownership as ownership
 from hotset_common.spec import DEFAULT_SERVING_WEIGHT, ModelSpec, RequestRate, ServingTerms
+from hotset_common.worker_identity import PodIdentity
 from hotset_common.worker_ownership import PodClaim, WorkerTrust
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,12 @@ class Discovery(Protocol):
     def specs(self) -> list[ModelSpec]: ...
     def draining(self, url: str) -> bool: ...
     def take_changed_specs(self) -> set[str]: ...
+
+
+def identity_of(discovery: Discovery, url: str) -> PodIdentity | None:
+    """Which pod the cluster says is at `url` (cluster mode); None: no pod (standalone mode)."""
+    find = getattr(discovery, "identity_of", None)
+    return find(url) if find is not None else None
 
 
 def read_model_store(path: Path) -> dict[str, ModelSpec]:
@@ -104,6 +111,7 @@ class _Pod:
     node: str
     pool: str  # labels.pool_of
     draining: bool  # the operator's drain annotation: no new copies, requests move off
+    identity: PodIdentity | None = None  # namespace, name and uid: what its identity token must be bound to
 
 
 def pod_claim(pod: Any) -> PodClaim:
@@ -192,6 +200,11 @@ class KubeDiscovery:
     def draining(self, url: str) -> bool:
         pod = self._pod(url)
         return pod.draining if pod else False
+
+    def identity_of(self, url: str) -> PodIdentity | None:
+        """The pod at `url` (namespace, name, uid), which must prove it is that pod (status_sync.py)."""
+        pod = self._pod(url)
+        return pod.identity if pod else None
 
     def _model(self, name: str) -> _Model | None:
         found = self._by_name.get(name, {}).values()
@@ -323,7 +336,8 @@ class KubeDiscovery:
             return None
         meta = pod.metadata
         return _Pod(url, pod.spec.node_name or "", labels.pool_of(meta.labels or {}),
-                    bool((meta.annotations or {}).get(labels.DRAINING)))
+                    bool((meta.annotations or {}).get(labels.DRAINING)),
+                    PodIdentity(meta.namespace or self.namespace, meta.name or "", meta.uid or ""))
 
     def apply_pod_event(self, kind: str, pod: Any) -> None:
         key = (pod.metadata.namespace or self.namespace, pod.metadata.name)

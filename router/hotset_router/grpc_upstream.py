@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 import grpc
 
 from hotset_common import errors, grpc_wire
+from hotset_common.worker_identity import BearerToken
 from hotset_common.wire import SHARE_WEIGHT_HEADER, TIMEOUT_HEADER, VARIANT_HEADER
 from hotset_router.upstream import PodUnreachable
 
@@ -43,12 +44,14 @@ class GrpcAnswer:
 
 
 class GrpcWorkerClient:
-    """Calls workers' ``inference.GRPCInferenceService`` with the worker token, over kept channels."""
+    """Calls workers' ``inference.GRPCInferenceService`` with the router's credential for workers
+    (``credential``: its projected ServiceAccount token, read again as the kubelet rotates it; or a
+    local stack's fixed token), over kept channels."""
 
-    def __init__(self, port_of: Callable[[str], int | None], worker_token: str = "",
+    def __init__(self, port_of: Callable[[str], int | None], credential: BearerToken | None = None,
                  max_message_bytes: int = 64 * 2**20) -> None:
         self.port_of = port_of  # a pod's gRPC port by its url (the map's PodView.grpc_port)
-        self._auth = (("authorization", f"Bearer {worker_token}"),) if worker_token else ()
+        self.credential = credential or BearerToken()
         self._options = [("grpc.max_receive_message_length", -1),
                          ("grpc.max_send_message_length", max_message_bytes)]
         self._channels: dict[str, grpc.aio.Channel] = {}
@@ -70,7 +73,9 @@ class GrpcWorkerClient:
                    timeout_s: float) -> GrpcAnswer:
         """Call `method` of the worker at `url` with `message` as it came, within `timeout_s`."""
         address = self.address(url)
-        metadata = tuple((k, v) for k, v in headers.items() if k in PASSED_METADATA) + self._auth
+        token = self.credential.value()
+        metadata = tuple((k, v) for k, v in headers.items() if k in PASSED_METADATA) + (
+            (("authorization", f"Bearer {token}"),) if token else ())
         stub = self._channel(address).unary_unary(f"/{grpc_wire.SERVICE}/{method}")
         try:
             call = stub(message, metadata=metadata, timeout=max(timeout_s, 0.001))

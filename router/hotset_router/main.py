@@ -15,7 +15,8 @@ from typing import Sequence
 
 import uvicorn
 
-from hotset_common import grpc_wire, labels, quantity, slow_clients
+from hotset_common import grpc_wire, labels, quantity, slow_clients, worker_identity
+from hotset_common.worker_identity import BearerToken, PodProofs, ReviewedTokens, TokenReviews, WorkerIdentity
 from hotset_common.worker_ownership import WorkerTrust
 from hotset_router import jwt_issuers, prefix_routing
 from hotset_router.api import DEFAULT_MAX_BODY_BYTES, create_app
@@ -75,7 +76,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="replication: no copy added right after one was removed, and the reverse, for this long "
                         "(eviction follows each worker's own churn guard, from its report)")
     p.add_argument("--worker-token", default=env("HOTSET_WORKER_TOKEN", ""),
-                   help="bearer token the workers require (cluster mode: from the chart's Secret); empty: none")
+                   help="one fixed bearer token the workers require (a local stack); empty: none")
+    p.add_argument("--worker-token-file", default=env("HOTSET_WORKER_TOKEN_FILE", ""),
+                   help="cluster mode: the router's own ServiceAccount token for workers (a projected token for "
+                        f"the audience {worker_identity.CALLER_AUDIENCE}), read again as the kubelet rotates it")
+    p.add_argument("--worker-identity", choices=[m.value for m in WorkerIdentity],
+                   default=env("HOTSET_ROUTER_WORKER_IDENTITY", WorkerIdentity.NONE.value),
+                   help="cluster mode: 'pod-token' (the chart's): a worker pod gets nothing until its identity "
+                        "token, reviewed by the API server, is bound to the pod discovered at its address; "
+                        "'none': pods are not asked (tests with hand-made pods)")
     p.add_argument("--max-requests", type=int, default=int(env("HOTSET_ROUTER_MAX_REQUESTS", "1024")),
                    help="inference requests served at once; past it 503 with Retry-After")
     p.add_argument("--max-body-bytes-in-flight", default=env("HOTSET_ROUTER_MAX_BODY_BYTES_IN_FLIGHT", "512Mi"),
@@ -136,7 +145,7 @@ def build_settings(args: argparse.Namespace) -> RouterSettings:
         control_interval_s=args.sync_interval,
         request_timeout_s=args.request_timeout,
         load_timeout_s=args.load_timeout,
-        worker_token=args.worker_token.strip(),
+        worker_credential=worker_credential(args),
         default_max_copies=args.default_max_copies,
         router_id=args.router_id or f"{socket.gethostname()}-{os.getpid()}",
         max_model_series=args.max_model_series,
@@ -151,6 +160,23 @@ def build_settings(args: argparse.Namespace) -> RouterSettings:
             churn_guard_s=args.churn_guard_seconds,
         ),
     )
+
+
+def worker_credential(args: argparse.Namespace) -> BearerToken:
+    if args.worker_token.strip() and args.worker_token_file.strip():
+        raise SystemExit("hotset-router: --worker-token and --worker-token-file are two credentials for workers; give one")
+    return BearerToken(args.worker_token, args.worker_token_file.strip() or None)
+
+
+def build_proofs(args: argparse.Namespace) -> PodProofs | None:
+    """Cluster mode with worker identity on: the pods' identity tokens reviewed by the API server
+    (the client build_discovery configured; the chart grants create on tokenreviews)."""
+    if WorkerIdentity(args.worker_identity) is WorkerIdentity.NONE:
+        return None
+    if not args.cluster:
+        raise SystemExit("hotset-router: --worker-identity pod-token needs --cluster (pods prove themselves to the "
+                         "Kubernetes API)")
+    return PodProofs(ReviewedTokens(TokenReviews(None, worker_identity.IDENTITY_AUDIENCE)))
 
 
 def caller_settings(args: argparse.Namespace) -> CallerSettings:
@@ -177,7 +203,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = build_settings(args)
-    service = RouterService(build_discovery(args), settings, build_reviews(settings.callers))
+    service = RouterService(build_discovery(args), settings, build_reviews(settings.callers), build_proofs(args))
     limits = Limits(max_requests=args.max_requests,
                     max_body_bytes_in_flight=quantity.parse_bytes(args.max_body_bytes_in_flight),
                     max_cold_waiters=args.max_cold_waiters)

@@ -13,6 +13,7 @@ from typing import Mapping
 
 from hotset_common import errors, labels
 from hotset_common.spec import Placement
+from hotset_common.worker_identity import BearerToken, PodProofs
 from hotset_router import placement, prefix_routing
 from hotset_router.callers import CallerSettings, Callers, Reviews
 from hotset_router.rates import NamespaceRates
@@ -33,7 +34,9 @@ class RouterSettings:
     control_interval_s: float = 1.0
     request_timeout_s: float = 60.0
     load_timeout_s: float = 300.0
-    worker_token: str = ""  # the workers' API token (cluster mode)
+    # What the router presents to workers: its projected ServiceAccount token (cluster mode), a local
+    # stack's fixed token, or nothing.
+    worker_credential: BearerToken = dataclasses.field(default_factory=BearerToken)
     default_max_copies: int = 1
     retry_after_s: int = 5
     replication: ReplicationSettings = ReplicationSettings()
@@ -51,8 +54,9 @@ class RouterService:
     """The map, the worker client, the sync and control loops, and the router itself."""
 
     def __init__(self, discovery: Discovery, settings: RouterSettings = RouterSettings(),
-                 reviews: Reviews | None = None) -> None:
-        """`reviews`: who answers caller checks (the API server), needed when `settings.callers` checks them."""
+                 reviews: Reviews | None = None, proofs: PodProofs | None = None) -> None:
+        """`reviews`: who answers caller checks (the API server), needed when `settings.callers` checks them;
+        `proofs`: worker pods must prove which pod they are before they get anything (status_sync.py)."""
         self.discovery = discovery
         self.settings = settings
         self.router_id = settings.router_id or f"router-{secrets.token_hex(4)}"
@@ -61,9 +65,10 @@ class RouterService:
         self.model_map = ModelMap(on_arrivals=self.policy.record_arrivals)
         self.replicas = Replicas(self.router_id, self.model_map.router_ids)
         self.metrics = RouterMetrics(settings.max_model_series, settings.model_series_idle_s)
-        self.client = WorkerClient(settings.request_timeout_s, settings.load_timeout_s, worker_token=settings.worker_token,
-                                   router_id=self.router_id)
-        self.sync = StatusSync(self.model_map, self.client, discovery, settings.sync_interval_s, page=settings.status_page)
+        self.client = WorkerClient(settings.request_timeout_s, settings.load_timeout_s,
+                                   credential=settings.worker_credential, router_id=self.router_id)
+        self.sync = StatusSync(self.model_map, self.client, discovery, settings.sync_interval_s, page=settings.status_page,
+                               proofs=proofs)
         self.router = Router(
             self.model_map,
             self.client,

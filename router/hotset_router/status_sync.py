@@ -18,6 +18,15 @@ time out. Pods that discovery no longer lists leave the map too. Each
 report's catalog also describes its models (catalog.py, for ``GET /models``).
 One failed pass never ends the loop.
 
+In cluster mode with worker identity on (``proofs``), a pod is asked nothing
+and gets nothing until it proved which pod it is: before its status, the pod's
+identity token (``GET /identity``, asked with no credential) is reviewed and
+checked against the pod discovered at that address
+(hotset_common.worker_identity.PodProofs). A pod that cannot prove it is not
+asked for its status (which carries the router's token), stays out of the map,
+so no request reaches it, and is counted in ``unproven`` (the unowned-pods
+gauge); it is asked again on the next pass.
+
 Every request is stamped with the map's clock before it is sent, so a report
 that lands after something the router learned itself (a load that finished
 meanwhile) does not erase it (model_map.py). One pod's refreshes never
@@ -32,8 +41,9 @@ import logging
 import pydantic
 
 from hotset_common import errors, wire
+from hotset_common.worker_identity import PodProofs
 from hotset_router.catalog import ModelCatalog
-from hotset_router.discovery import Discovery
+from hotset_router.discovery import Discovery, identity_of
 from hotset_router.model_map import ModelMap
 from hotset_router.upstream import PodUnreachable, WorkerClient, WorkerError
 
@@ -45,7 +55,8 @@ MAX_PAGES = 2500  # pages in one refresh (500,000 entries); the rest waits for t
 
 class StatusSync:
     def __init__(self, model_map: ModelMap, client: WorkerClient, discovery: Discovery, interval_s: float = 1.0,
-                 catalog: ModelCatalog | None = None, timeouts_to_leave: int = 3, page: int = DEFAULT_PAGE) -> None:
+                 catalog: ModelCatalog | None = None, timeouts_to_leave: int = 3, page: int = DEFAULT_PAGE,
+                 proofs: PodProofs | None = None) -> None:
         self.model_map = model_map
         self.catalog = catalog if catalog is not None else ModelCatalog()
         self.client = client
@@ -53,6 +64,8 @@ class StatusSync:
         self.interval_s = interval_s
         self.timeouts_to_leave = timeouts_to_leave
         self.page = page
+        self.proofs = proofs  # None: pods are not asked to prove who they are (standalone, tests)
+        self.unproven: dict[str, str] = {}  # url -> why it did not prove which pod it is (logged once)
         self._timeouts: dict[str, int] = {}  # url -> status calls in a row that timed out
         self._cursors: dict[str, str] = {}  # url -> the cursor of its last report applied
         self._locks: dict[str, asyncio.Lock] = {}  # url -> held while one of its refreshes runs
@@ -75,6 +88,8 @@ class StatusSync:
             return await self._refresh(url)
 
     async def _refresh(self, url: str) -> bool:
+        if self.proofs is not None and not await self._proven(url):
+            return False
         for _ in range(MAX_PAGES):
             if self.model_map.pod(url) is None:
                 self._cursors.pop(url, None)  # the map forgot it: start again from the whole state
@@ -105,6 +120,20 @@ class StatusSync:
                 break
         return True
 
+    async def _proven(self, url: str) -> bool:
+        why = await self.proofs.prove(url, identity_of(self.discovery, url),  # type: ignore[union-attr]
+                                      lambda: self.client.identity(url))
+        if not why:
+            self.unproven.pop(url, None)
+            return True
+        if self.unproven.get(url) != why:
+            log.warning("pod %s is sent nothing: it did not prove which pod it is: %s", url, why)
+        self.unproven[url] = why
+        self.model_map.remove_pod(url)
+        self._timeouts.pop(url, None)
+        self._cursors.pop(url, None)
+        return False
+
     def _leave(self, url: str, why: Exception) -> None:
         if self.model_map.pod(url) is not None:
             log.warning("pod %s leaves the map: %s", url, why)
@@ -119,8 +148,11 @@ class StatusSync:
 
     async def refresh_all(self) -> None:
         urls = self.discovery.urls()
-        for gone in (set(self.model_map.urls()) | set(self._locks)) - set(urls):
+        for gone in (set(self.model_map.urls()) | set(self._locks) | set(self.unproven)) - set(urls):
             self._forget(gone)
+            self.unproven.pop(gone, None)
+        if self.proofs is not None:
+            self.proofs.keep_only(urls)
         results = await asyncio.gather(*(self.refresh(u) for u in urls), return_exceptions=True)
         for url, result in zip(urls, results):
             if isinstance(result, Exception):  # a report we could not handle: the pod is not usable

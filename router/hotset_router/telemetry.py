@@ -100,8 +100,8 @@ class RouterMetrics:
                                 ["model"], registry=self.registry)
         self.pods = Gauge(names.ROUTER_PODS, "Worker pods in the map", registry=self.registry)
         self.unowned_pods = Gauge(names.ROUTER_UNOWNED_WORKER_PODS,
-                                  "Ready pods with the worker labels that no Deployment of the operator owns: "
-                                  "sent no traffic and no token", registry=self.registry)
+                                  "Ready pods with the worker labels that no Deployment of the operator owns, "
+                                  "or that did not prove which pod they are: sent no traffic and no token", registry=self.registry)
         self.pod_waits = Counter(names.ROUTER_POD_WAITS_TOTAL.removesuffix("_total"),
                                  "Requests held while a pod of their model started (scale from zero)",
                                  ["model", "result"], registry=self.registry)

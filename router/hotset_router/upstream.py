@@ -15,7 +15,8 @@ from urllib.parse import quote
 import aiohttp
 import yarl
 
-from hotset_common import errors
+from hotset_common import errors, worker_identity
+from hotset_common.worker_identity import BearerToken
 from hotset_common.wire import (ROUTER_ID_HEADER, SERVER_TIMING_HEADER, STATUS_LIMIT, STATUS_SINCE, TIMEOUT_HEADER,
                                  SHARE_WEIGHT_HEADER, VARIANT_HEADER, VERSION_HEADER, WorkerStatus)
 
@@ -133,12 +134,13 @@ class WorkerClient:
     """One pooled HTTP client (aiohttp: a fraction of httpx's per-request CPU) for every worker."""
 
     def __init__(self, request_timeout_s: float = 60.0, load_timeout_s: float = 300.0, status_timeout_s: float = 2.0,
-                 worker_token: str = "", router_id: str = "") -> None:
+                 credential: BearerToken | None = None, router_id: str = "") -> None:
         self.request_timeout = aiohttp.ClientTimeout(total=request_timeout_s)
         self.load_timeout = aiohttp.ClientTimeout(total=load_timeout_s)
         self.status_timeout = aiohttp.ClientTimeout(total=status_timeout_s)
-        # Workers in cluster mode answer only callers with their API token (the router and the operator).
-        self._auth = {"Authorization": f"Bearer {worker_token}"} if worker_token else {}
+        # Workers in cluster mode answer only the router's and the operator's own ServiceAccount tokens
+        # (read again as the kubelet rotates the file); a local stack's workers, anyone or one token.
+        self.credential = credential or BearerToken()
         self._router = {ROUTER_ID_HEADER: router_id} if router_id else {}  # on status calls: who asks
         self._session: aiohttp.ClientSession | None = None
 
@@ -160,10 +162,10 @@ class WorkerClient:
     def _headers(self, headers: Mapping[str, str] | None, passed_only: bool = False) -> dict[str, str]:
         """What every call to a worker carries, whole or streamed: the caller's headers (only
         PASSED_REQUEST_HEADERS of a client's, among them the time left, ``X-Hotset-Timeout``) and the
-        worker token. The one place both are added, so no route can reach a worker without them."""
+        router's credential. The one place both are added, so no route can reach a worker without them."""
         given = headers or {}
         kept = {k: v for k, v in given.items() if k.lower() in PASSED_REQUEST_HEADERS} if passed_only else dict(given)
-        return {**kept, **self._auth}
+        return {**kept, **self.credential.headers()}
 
     async def _send(self, url: str, method: str, path: str, timeout: aiohttp.ClientTimeout,
                     body: bytes | None = None, headers: Mapping[str, str] | None = None,
@@ -191,6 +193,26 @@ class WorkerClient:
         if response.status_code != 200:
             raise WorkerError(response.status_code, f"status of {url}: {error_message(response)}")
         return WorkerStatus.model_validate_json(response.content)
+
+    async def identity(self, url: str) -> str:
+        """The pod's identity token (``GET /identity``, asked with no credential: the pod has not
+        proved who it is yet); raises WorkerError when it has none, PodUnreachable when it cannot answer."""
+        try:
+            async with self._http().get(url + worker_identity.IDENTITY_PATH, timeout=self.status_timeout,
+                                        allow_redirects=False) as response:
+                content = await response.read()
+                status = response.status
+        except asyncio.TimeoutError as exc:
+            raise errors.UpstreamTimeout(f"worker {url} did not answer {worker_identity.IDENTITY_PATH}") from exc
+        except (aiohttp.ClientError, OSError) as exc:
+            raise PodUnreachable(url, exc) from exc
+        if status != 200:
+            raise WorkerError(status, f"{worker_identity.IDENTITY_PATH} of {url} answered {status}: "
+                                      f"{errors.excerpt(content.decode('utf-8', 'replace'))}")
+        try:
+            return worker_identity.token_of_answer(json.loads(content))
+        except ValueError:
+            raise WorkerError(502, f"{worker_identity.IDENTITY_PATH} of {url} is not JSON") from None
 
     async def load(self, url: str, model: str, timeout_s: float | None = None, load_timeout_s: float | None = None) -> None:
         """Load `model` on `url` within the load timeout (`load_timeout_s`, the model's own, else the

@@ -92,19 +92,22 @@ def running_operator(config: OperatorConfig, metrics: OperatorMetrics | None = N
     assert runner.exception is None, runner.output[-4000:]
 
 
-def catalog(config: OperatorConfig, namespace: str, dedicated_to: str | None = None) -> CatalogUpdate | None:
-    """The catalog a pool's pods follow, complete, from the running operator's feed (None: not served yet)."""
+def catalog(config: OperatorConfig, namespace: str, dedicated_to: str | None = None,
+            token: str = "") -> CatalogUpdate | None:
+    """The catalog a pool's pods follow, complete, from the running operator's feed (None: not served
+    yet). `token`: a pool pod's catalog token, where the operator checks worker identity."""
     try:
         answer = httpx.get(workloads.catalog_url(config, namespace, dedicated_to), timeout=10,
-                           headers={"Authorization": f"Bearer {config.worker_token}"} if config.worker_token else {})
+                           headers={"Authorization": f"Bearer {token}"} if token else {})
     except httpx.HTTPError:
         return None
     return CatalogUpdate.model_validate_json(answer.content) if answer.status_code == 200 else None
 
 
-def catalog_models(config: OperatorConfig, namespace: str, dedicated_to: str | None = None) -> list[str]:
+def catalog_models(config: OperatorConfig, namespace: str, dedicated_to: str | None = None,
+                   token: str = "") -> list[str]:
     """The ids in a pool's catalog ([] when the feed does not answer yet)."""
-    found = catalog(config, namespace, dedicated_to)
+    found = catalog(config, namespace, dedicated_to, token)
     return sorted(m["id"] for m in found.models) if found is not None else []
 
 

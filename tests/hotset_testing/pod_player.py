@@ -13,11 +13,18 @@ player registers, but nothing runs them. The player does, for worker pods:
 - once the worker answers ``/v2/health/ready``, the pod's status says
   Running and Ready with that IP (a kubelet's status update);
 - a pod being deleted gets SIGTERM (the worker drains), then its Pod object
-  goes (``grace_period_seconds=0``, what a kubelet confirms).
+  goes (``grace_period_seconds=0``, what a kubelet confirms);
+- the worker container's projected ServiceAccount tokens are minted with the
+  TokenRequest API bound to the Pod (its name and uid), for each source's
+  audience and lifetime, as a kubelet mints them, and its ConfigMap volumes
+  are written from their ConfigMaps (again every few seconds, as a kubelet's
+  sync does; an optional one that does not exist yet is an empty folder): the
+  files land in a folder per pod, and the pod's variables naming a path
+  under a mount name the same file there.
 
 ``start_delay_s`` stands for image pull and container start, which this
 machine does not have. What it does not emulate: probes after the first
-readiness, restarts, resource limits.
+readiness, restarts, resource limits, rotating a token before it expires.
 """
 from __future__ import annotations
 
@@ -78,6 +85,7 @@ class PodPlayer:
         self._core = client.CoreV1Api(self._api)
         self._next_ip = ipaddress.IPv4Address(first_ip)
         self._pods: dict[tuple[str, str], PlayedPod] = {}
+        self._config_maps: dict[tuple[str, str], list[tuple[str, Path]]] = {}  # pod -> (ConfigMap, folder)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -185,16 +193,85 @@ class PodPlayer:
         worker = pod.spec.containers[0]
         return {e.name: e.value or "" for e in worker.env or [] if e.value is not None}
 
+    def _volumes(self, played: PlayedPod, pod: Any) -> dict[str, str]:
+        """The kubelet's part for the worker container's token and ConfigMap volumes (module
+        docstring); returns the identity variables of the pod (worker_settings), with their paths
+        where this player put the files."""
+        from hotset_common.worker_settings import WorkerOption
+
+        root = self.workdir / f"{played.namespace}-{played.name}-volumes"
+        volumes = {v.name: v for v in pod.spec.volumes or []}
+        mounts: dict[str, Path] = {}
+        for mount in pod.spec.containers[0].volume_mounts or []:
+            volume = volumes.get(mount.name)
+            folder = root / mount.name
+            if volume is not None and volume.projected is not None:
+                for source in volume.projected.sources or []:
+                    if source.service_account_token is not None:
+                        try:
+                            token = self._token(pod, source.service_account_token)
+                        except Exception as exc:  # a kubelet would not start it; here it cannot prove itself
+                            log.warning("no token for pod %s: %s", played.name, exc)
+                            continue
+                        _write(folder / source.service_account_token.path, token)
+                mounts[mount.mount_path] = folder
+            elif volume is not None and volume.config_map is not None:
+                folder.mkdir(parents=True, exist_ok=True)
+                with self._lock:
+                    self._config_maps.setdefault((played.namespace, played.name), []).append(
+                        (volume.config_map.name, folder))
+                mounts[mount.mount_path] = folder
+        self._sync_config_maps()
+        identity = (WorkerOption.CALLER_KEYS, WorkerOption.TRUSTED_CALLERS, WorkerOption.IDENTITY_TOKEN_FILE,
+                    WorkerOption.CATALOG_TOKEN_FILE)
+        env = {name: value for name, value in self._env(pod).items() if name in {o.env for o in identity}}
+        for name, value in env.items():
+            for path, folder in mounts.items():
+                if value == path or value.startswith(path.rstrip("/") + "/"):
+                    env[name] = str(folder / value[len(path):].lstrip("/"))
+        return env
+
+    def _token(self, pod: Any, source: Any) -> str:
+        """A ServiceAccount token bound to `pod`, as the kubelet asks for one (TokenRequest)."""
+        from kubernetes import client
+
+        request = client.AuthenticationV1TokenRequest(spec=client.V1TokenRequestSpec(
+            audiences=[source.audience] if source.audience else None,
+            expiration_seconds=source.expiration_seconds or 3600,
+            bound_object_ref=client.V1BoundObjectReference(kind="Pod", api_version="v1", name=pod.metadata.name,
+                                                           uid=pod.metadata.uid)))
+        account = pod.spec.service_account_name or "default"
+        return self._core.create_namespaced_service_account_token(account, pod.metadata.namespace, request).status.token
+
+    def _sync_config_maps(self) -> None:
+        """Each played pod's ConfigMap volumes, from their ConfigMaps now (absent: left as they are)."""
+        from kubernetes.client.exceptions import ApiException
+
+        with self._lock:
+            wanted = [(key[0], name, folder) for key, found in self._config_maps.items() for name, folder in found]
+        for namespace, name, folder in wanted:
+            try:
+                data = self._core.read_namespaced_config_map(name, namespace).data or {}
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+                continue
+            for key, value in data.items():
+                target = folder / key
+                if not target.exists() or target.read_text() != value:
+                    _write(target, value)
+
     def _start(self, played: PlayedPod, pod: Any) -> None:
         if self._stop.wait(self.start_delay_s):
             return
         env = self._env(pod)
+        identity = self._volumes(played, pod)
         argv = [*BALLAST_LAUNCHER, "--catalog-url", env["HOTSET_CATALOG_URL"], "--host", played.ip, "--port", str(self.port),
                 "--memory-budget", env.get("HOTSET_MEMORY_BUDGET", "1Gi"), "--pod-name", played.name,
                 "--pinned", env.get("HOTSET_PINNED_MODELS", ""), "--triton-url", "",
                 "--source-root", f"models={self.source_root}", "--min-residency-s", "0", *self.extra_args]
         process = processes.spawn(played.name, argv, self.workdir / f"{played.namespace}-{played.name}.log",
-                                  url=f"http://{played.ip}:{self.port}")
+                                  env=identity, url=f"http://{played.ip}:{self.port}")
         with self._lock:
             # A pod deleted (or a player stopped) while this one started found no process to stop.
             wanted = not self._stop.is_set() and self._pods.get((played.namespace, played.name)) is played
@@ -218,6 +295,7 @@ class PodPlayer:
 
     def _terminate(self, played: PlayedPod, delete: bool = True) -> None:
         with self._lock:
+            self._config_maps.pop((played.namespace, played.name), None)
             if self._pods.pop((played.namespace, played.name), None) is None:
                 return
         if played.process is not None:
@@ -263,5 +341,14 @@ class PodPlayer:
         while not self._stop.wait(5.0):
             try:
                 self._heartbeat()
+                self._sync_config_maps()
             except Exception as exc:  # the next beat tries again
                 log.warning("node heartbeat: %s", exc)
+
+
+def _write(path: Path, text: str) -> None:
+    """Write a file whole, as the kubelet's atomic writer does (a reader never sees half of it)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.tmp")
+    partial.write_text(text)
+    partial.replace(path)

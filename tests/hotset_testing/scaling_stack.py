@@ -17,6 +17,7 @@ from typing import Any, Iterator
 
 import httpx
 
+from hotset_common import worker_identity as identity
 from hotset_testing import polling, processes
 from hotset_testing.kube_cluster import KubeCluster
 from hotset_testing.pod_player import PodPlayer
@@ -45,7 +46,10 @@ class ScalingStack:
     """Operator + router + pod player in one namespace of a running KubeCluster."""
 
     def __init__(self, kube: KubeCluster, namespace: str, workdir: Path, operator_settings: dict[str, Any],
-                 start_delay_s: float = 0.0, router_args: tuple[str, ...] = ()) -> None:
+                 start_delay_s: float = 0.0, router_args: tuple[str, ...] = (), identity: bool = False) -> None:
+        """`identity`: worker identity on, as the chart installs it (hotset_common.worker_identity):
+        the ServiceAccounts the chart makes, the router's and the operator's own tokens for workers in
+        files (as their pods' projected volumes hold them), pods proving which pod they are."""
         self.kube = kube
         self.namespace = namespace
         self.workdir = workdir
@@ -54,6 +58,8 @@ class ScalingStack:
         self.operator_settings = operator_settings
         self.start_delay_s = start_delay_s
         self.router_args = router_args
+        self.identity = identity
+        self.tokens = workdir / "tokens"  # identity: the router's and the operator's tokens for workers
         self.worker_port = processes.free_port()
         self.router: processes.Process | None = None
         self.operator: processes.Process | None = None
@@ -64,6 +70,8 @@ class ScalingStack:
 
     def __enter__(self) -> "ScalingStack":
         try:
+            if self.identity:
+                self._make_identities()
             self.player = self._stack.enter_context(PodPlayer(self.kube, self.workdir / "pods", self.worker_port,
                                                               self.models, start_delay_s=self.start_delay_s))
             self.operator = self._stack.enter_context(self._start_operator())
@@ -77,6 +85,27 @@ class ScalingStack:
     def __exit__(self, *_: object) -> None:
         self._stack.close()
 
+    def _make_identities(self) -> None:
+        """The chart's ServiceAccounts, and the router's and the operator's tokens for workers."""
+        for account in (identity.WORKER_ACCOUNT, identity.ROUTER_ACCOUNT, identity.OPERATOR_ACCOUNT):
+            self.kubectl("create", "serviceaccount", account, check=False)
+        self.tokens.mkdir(parents=True, exist_ok=True)
+        for account in (identity.ROUTER_ACCOUNT, identity.OPERATOR_ACCOUNT):
+            self.write_token(account, self.mint(account, identity.CALLER_AUDIENCE))
+
+    def mint(self, account: str, audience: str) -> str:
+        """A token of `account` for `audience` (TokenRequest), as a projected volume holds one."""
+        return self.kubectl("create", "token", account, "--audience", audience, "--duration", "1h").stdout.strip()
+
+    def token_file(self, account: str) -> Path:
+        return self.tokens / account
+
+    def write_token(self, account: str, token: str) -> None:
+        """Replace `account`'s token file whole, as the kubelet rotates a projected token."""
+        partial = self.tokens / f".{account}.tmp"
+        partial.write_text(token)
+        partial.replace(self.token_file(account))
+
     def _start_operator(self) -> processes.Process:
         env = {**os.environ, "KUBECONFIG": str(self.kube.kubeconfig), "HOTSET_OPERATOR_NAMESPACE": self.namespace,
                "HOTSET_OPERATOR_WORKER_PORT": str(self.worker_port)}
@@ -84,6 +113,9 @@ class ScalingStack:
         defaults = {"gpu_mode": "none", "pod_memory_budget": "100Mi", "worker_memory": "1Gi",
                     "pool_sync_interval_s": 0.5, "catalog_host": "127.0.0.1", "catalog_port": catalog_port,
                     "catalog_url": f"http://127.0.0.1:{catalog_port}"}
+        if self.identity:
+            defaults.update(worker_identity="pod-token", worker_service_account=identity.WORKER_ACCOUNT,
+                            worker_token_file=str(self.token_file(identity.OPERATOR_ACCOUNT)))
         for key, value in {**defaults, **self.operator_settings}.items():
             env[f"HOTSET_OPERATOR_{key.upper()}"] = str(value)
         liveness = f"http://127.0.0.1:{processes.free_port()}/healthz"
@@ -95,6 +127,9 @@ class ScalingStack:
         argv = [str(BIN / "hotset-router"), "--cluster", "--kubeconfig", str(self.kube.kubeconfig),
                 "--namespace", self.namespace, "--worker-port", str(self.worker_port), "--host", "127.0.0.1",
                 "--port", str(port), "--sync-interval", "0.5", *self.router_args]
+        if self.identity:
+            argv += ["--worker-identity", "pod-token", "--worker-token-file",
+                     str(self.token_file(identity.ROUTER_ACCOUNT))]
         return processes.spawn("router", argv, self.workdir / "router.log", url=f"http://127.0.0.1:{port}")
 
     # --- what tests do and read --------------------------------------------------------------

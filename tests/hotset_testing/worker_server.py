@@ -17,7 +17,9 @@ from hotset_testing import ballast_framework as ballast, polling
 from hotset_testing.processes import REPO, free_port, spawn, wait_http
 from hotset_common.eviction import EvictionPolicy
 from hotset_common.http import ASGIApp
+from hotset_common.worker_identity import BearerToken
 from hotset_worker import api
+from hotset_worker.callers import CallerCheck, SharedToken
 from hotset_worker.backends import Backends
 from hotset_worker.manager import ModelManager
 from hotset_worker.metrics import WorkerMetrics
@@ -41,6 +43,8 @@ def ballast_app(
     max_body_bytes: int = api.DEFAULT_MAX_BODY_BYTES,
     pod_name: str = "test-pod",
     api_token: str = "",
+    callers: CallerCheck | None = None,
+    identity: BearerToken | None = None,
     max_model_queue: int = 64,
     file_roots: tuple[Path, ...] | None = None,
     inference_threads: int | None = None,
@@ -48,7 +52,9 @@ def ballast_app(
     **manager_options: Any,
 ) -> ASGIApp:
     """A complete worker app whose in-process models are ballast models (`grpc_address`: OIP v2
-    over gRPC there too, e.g. ``127.0.0.1:0``; the port is in its ``/status``)."""
+    over gRPC there too, e.g. ``127.0.0.1:0``; the port is in its ``/status``). `api_token`: one fixed
+    token callers must send (a local stack's); `callers`: another check (a cluster pod's); `identity`:
+    what ``/identity`` hands out."""
     metrics = WorkerMetrics(pod_name, budget)
     backends = Backends([TritonBackend(triton_url)])
     manager_options.setdefault("policy", EvictionPolicy(churn_guard_s=0))
@@ -57,7 +63,8 @@ def ballast_app(
         observer=metrics, preflight=backends.require, create_worker=ballast.create_worker, **manager_options,
     )
     return api.create_app(manager, metrics, backends, pod_name=pod_name, max_body_bytes=max_body_bytes, pinned_check_s=0.2,
-                          api_token=api_token, max_model_queue=max_model_queue, inference_threads=inference_threads,
+                          callers=callers or (SharedToken(api_token) if api_token else None), identity=identity,
+                          max_model_queue=max_model_queue, inference_threads=inference_threads,
                           grpc_address=grpc_address)
 
 

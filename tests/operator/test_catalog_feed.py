@@ -31,13 +31,13 @@ def spec(name: str, description: str = "") -> ModelSpec:
 class Feed:
     """The operator's feed over `catalogs`, served on a loop thread; changes go through `call`."""
 
-    def __init__(self, token: str = "", port: int | None = None, ready: bool = True) -> None:
+    def __init__(self, readers: feed.Readers | None = None, port: int | None = None, ready: bool = True) -> None:
         self.catalogs = Catalogs()
         self.ready = ready
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}{model_store.FEED_PATH}/team/pool"
         self._loop = asyncio.new_event_loop()
-        self._server = feed.FeedServer(feed.build_app(self.catalogs, lambda: self.ready, token), "127.0.0.1", self.port)
+        self._server = feed.FeedServer(feed.build_app(self.catalogs, lambda: self.ready, readers), "127.0.0.1", self.port)
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
 
     def __enter__(self) -> "Feed":
@@ -127,13 +127,61 @@ def test_the_store_keeps_its_catalog_while_the_operator_is_away_and_starts_over_
         store.close()
 
 
-def test_the_feed_answers_only_the_workers_token() -> None:
-    with Feed(token="s3cret") as served:
-        served.put(spec("a"))
-        assert httpx.get(served.url).status_code == 401
-        assert httpx.get(served.url, headers={"Authorization": "Bearer nope"}).status_code == 401
-        with following(served.url, token="s3cret") as store:
-            assert store.ids() == ["a"]
+@pytest.mark.kube
+def test_the_feed_answers_a_pools_catalog_to_its_own_pods_only(kube_cluster, tmp_path) -> None:
+    """With worker identity on (worker_proofs.CatalogReaders, on the real API server): a pod of the
+    pool, presenting its catalog token (bound to it, as the kubelet projects it), reads the catalog;
+    no token, a pod of another pool, another account, or a token for another audience do not. The
+    follower reads its token file again as the kubelet rotates it."""
+    from kubernetes import client, config
+
+    from hotset_common import worker_identity as identity
+    from hotset_common.worker_identity import BearerToken, ReviewedTokens, TokenReviews
+    from hotset_operator import index
+    from hotset_operator.worker_proofs import CatalogReaders
+    from hotset_testing import identities
+
+    api = config.new_client_from_config(str(kube_cluster.kubeconfig))
+    core = client.CoreV1Api(api)
+    namespace = STORE[0]
+    core.create_namespace({"metadata": {"name": namespace}})
+    try:
+        identities.ensure_accounts(core, namespace, identity.WORKER_ACCOUNT, "stranger")
+        made = {}
+        for name, pool, account in (("pool-pod", {"hotset.io/pool": "shared"}, identity.WORKER_ACCOUNT),
+                                    ("dedicated-pod", {"hotset.io/pool": "dedicated", "hotset.io/servedmodel": "x"},
+                                     identity.WORKER_ACCOUNT),
+                                    ("stranger-pod", {"hotset.io/pool": "shared"}, "stranger")):
+            made[name] = core.create_namespaced_pod(namespace, {"metadata": {"name": name, "labels": {
+                "app.kubernetes.io/part-of": "hotset", "app.kubernetes.io/component": "worker", **pool}},
+                "spec": {"serviceAccountName": account, "schedulerName": "hotset-test-unscheduled",
+                         "containers": [{"name": "worker", "image": "hotset-worker:test"}]}})
+        workers = [index.pod_entry(api.sanitize_for_serialization(pod)) for pod in made.values()]  # the owned pods
+        readers = CatalogReaders(ReviewedTokens(TokenReviews(api, identity.CATALOG_AUDIENCE)), identity.WORKER_ACCOUNT,
+                                 lambda: workers, time.monotonic)
+
+        def bound(pod: str, audience: str = identity.CATALOG_AUDIENCE) -> str:
+            account = made[pod].spec.service_account_name
+            return identities.mint(core, namespace, account, audience, pod=made[pod])
+
+        with Feed(readers) as served:
+            served.put(spec("a"))
+            for sent, status, words in [
+                    ("", 401, "answers only its pool's worker pods"),
+                    ("garbage", 401, "authenticates nobody"),
+                    (bound("pool-pod", identity.IDENTITY_AUDIENCE), 401, "authenticates nobody for the audience"),
+                    (bound("dedicated-pod"), 403, "follows the catalog of team/dedicated/x, not team/pool"),
+                    (bound("stranger-pod"), 403, "not the workers' ServiceAccount")]:
+                answer = httpx.get(served.url, headers={"Authorization": f"Bearer {sent}"} if sent else {})
+                assert answer.status_code == status and words in answer.json()["error"], (words, answer.text)
+            token_file = identities.write_token(tmp_path / "catalog-token", bound("dedicated-pod"))
+            with following(served.url, credential=BearerToken(path=token_file, reread_s=0.1)) as store:
+                assert store.ids() == []  # refused: another pool's pod
+                identities.write_token(token_file, bound("pool-pod"))  # the kubelet writes the pod's own
+                wait_for(lambda: store.ids() == ["a"], "the catalog, with the rotated token", 10, 0.05)
+    finally:
+        core.delete_namespace(namespace)
+        api.close()
 
 
 @pytest.mark.parametrize("cursor", ["", "garbage", "other-epoch.5", "x.y"])

@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from hotset_common import worker_identity as identity
 from hotset_common.budget import BudgetMode
+from hotset_common.worker_identity import WorkerIdentity
 from hotset_operator.config import ENV_PREFIX, OperatorConfig
 from hotset_router import main as router_main
 from hotset_testing import chart
@@ -84,11 +86,18 @@ OPERATOR_NEEDS = [
     ("create", "networkpolicies.networking.k8s.io"), ("patch", "networkpolicies.networking.k8s.io"),
     # which ReplicaSet owns a labelled pod (only pods of its own Deployments are workers)
     ("list", "replicasets.apps"), ("watch", "replicasets.apps"),
+    # worker identity: pods' tokens reviewed, the workers' account made elsewhere, the cluster's keys copied
+    ("create", "tokenreviews.authentication.k8s.io"), ("create", "serviceaccounts"), ("create", "configmaps"),
+    ("patch", "configmaps/hotset-issuer-keys"), ("get", "/openid/v1/jwks"), ("get", "/.well-known/openid-configuration"),
 ]
 OPERATOR_MUST_NOT = [
-    ("list", "secrets"), ("watch", "secrets"), ("patch", "secrets/hotset-worker-token"), ("delete", "secrets"),
+    ("list", "secrets"), ("watch", "secrets"), ("delete", "secrets"),
     ("create", "pods"), ("delete", "pods"),
-    ("delete", "servedmodels.hotset.io"), ("patch", "configmaps/kube-root-ca.crt"), ("create", "configmaps"),
+    ("delete", "servedmodels.hotset.io"), ("patch", "configmaps/kube-root-ca.crt"), ("delete", "configmaps"),
+    # the chart's accounts are not the operator's to change, nor to mint tokens of
+    ("patch", "serviceaccounts/hotset-worker"), ("patch", "serviceaccounts/hotset-router"),
+    ("create", "serviceaccounts/hotset-router", "--subresource=token"),
+    ("create", "serviceaccounts/hotset-worker", "--subresource=token"), ("delete", "serviceaccounts"),
     ("create", "roles.rbac.authorization.k8s.io"), ("list", "nodes"), ("delete", "namespaces"),
     ("list", "customresourcedefinitions.apiextensions.k8s.io"),
     ("create", "deployments.apps", "-n", "default"), ("patch", "modelquotas.hotset.io"),
@@ -125,7 +134,10 @@ def test_router_and_worker_accounts_are_read_only_or_nothing(installed: Cluster)
     assert _can(installed, "hotset-router", "create", "subjectaccessreviews.authorization.k8s.io")
     assert not _can(installed, "hotset-router", "create", "servedmodels.hotset.io", "--subresource=predict")
     assert not _can(installed, "hotset-router", "create", "serviceaccounts", "--subresource=token")
+    # workers verify their callers' tokens offline: no API access at all, not even a TokenReview
     assert not _can(installed, "hotset-worker", "list", "pods")
+    assert not _can(installed, "hotset-worker", "create", "tokenreviews.authentication.k8s.io")
+    assert not _can(installed, "hotset-worker", "get", "configmaps")
 
 
 def test_operator_works_under_its_own_service_account(installed: Cluster, tmp_path: Path,
@@ -135,7 +147,8 @@ def test_operator_works_under_its_own_service_account(installed: Cluster, tmp_pa
     monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
     rendered = chart.document(chart.render(installed.kube, namespace=installed.namespace), "Deployment", "hotset-operator")
     rules = OperatorConfig.from_env(chart.env_values(rendered), namespace="ml").worker_network_rules
-    config = operator_config(installed.namespace, worker_service_account="hotset-worker", worker_network_rules=rules)
+    config = operator_config(installed.namespace, worker_service_account="hotset-worker", worker_network_rules=rules,
+                             worker_identity="pod-token")
     with running_operator(config):
         installed.apply(served_model("rbac-check", placement="dedicated", replicas={"min": 1, "max": 1}))
         wait_for(lambda: (installed.condition("rbac-check", "Accepted") or {}).get("status") == "True", "Accepted")
@@ -143,7 +156,14 @@ def test_operator_works_under_its_own_service_account(installed: Cluster, tmp_pa
         assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == "hotset-worker"
         policy = wait_for(lambda: installed.get("networkpolicy", "rbac-check-dedicated"), "its NetworkPolicy")
         assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"]
-        wait_for(lambda: catalog_models(config, installed.namespace, "rbac-check") == ["rbac-check"],
+        # the cluster's keys, read from the discovery endpoints under its own account
+        keys = wait_for(lambda: installed.get("configmap", "hotset-issuer-keys"), "the keys ConfigMap")
+        assert json.loads(keys["data"]["jwks.json"])["keys"]
+        # its catalog, to its own pod's catalog token (reviewed under the operator's account)
+        pod = wait_for(lambda: installed.items("pods", "hotset.io/servedmodel=rbac-check"), "its pod")[0]["metadata"]["name"]
+        token = installed.kubectl("create", "token", "hotset-worker", "--audience", "hotset-catalog",
+                                  "--bound-object-kind", "Pod", "--bound-object-name", pod).stdout.strip()
+        wait_for(lambda: catalog_models(config, installed.namespace, "rbac-check", token=token) == ["rbac-check"],
                  "its catalog served")
         installed.kubectl("delete", "servedmodel", "rbac-check", "--timeout=30s")
 
@@ -166,6 +186,7 @@ def test_chart_settings_are_ones_the_operator_reads(kube_cluster: KubeCluster) -
     assert config.worker_service_account == "hotset-worker"
     assert config.pod_budget_mode is BudgetMode.HARD
     assert config.gpu_shared_memory == 4 * 2**30
+    assert config.worker_identity is WorkerIdentity.POD_TOKEN  # the chart's only way: no shared token
 
 
 def _router_env(kube: KubeCluster, *sets: str) -> list[dict]:
@@ -190,6 +211,8 @@ def test_router_values_land_in_the_router_env_and_the_router_reads_them(kube_clu
     assert (args.sync_interval, args.max_body_bytes, args.log_level, args.cluster) == (0.5, "8Mi", "debug", True)
     # the chart's default: callers checked by the cluster, tokens made for hotset
     assert (args.auth, args.auth_audiences, args.auth_cache_seconds) == ("kubernetes", "hotset", 30)
+    # worker pods prove which pod they are, and the router presents its own projected token to them
+    assert args.worker_identity == "pod-token" and args.worker_token == ""
     token = next(e for e in env if e["name"] == "HOTSET_ADMIN_TOKEN")
     assert token["valueFrom"] == {"secretKeyRef": {"name": "admin", "key": "secret-token"}}
 
@@ -206,7 +229,8 @@ def test_oidc_issuers_reach_the_router_in_kubernetes_format_and_roll_it_when_the
     documents = rendered("hotset")
     router = chart.document(documents, "Deployment", "hotset-router")
     path = chart.env_values(router)["HOTSET_ROUTER_AUTH_CONFIG"]
-    (mount,) = router["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]
+    (mount,) = [m for m in router["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]
+                if m["name"] == "auth-config"]
     assert path.startswith(mount["mountPath"] + "/")
     config = chart.document(documents, "ConfigMap", "hotset-router-auth")["data"][Path(path).name]
     (read,) = jwt_issuers.load_configuration(_written(tmp_path, config))  # what the router reads, it accepts
@@ -246,20 +270,42 @@ def test_gpu_values_that_would_give_pods_no_gpu_fail_the_render(kube_cluster: Ku
 
 
 def test_worker_pods_answer_only_the_router_and_the_operator(kube_cluster: KubeCluster) -> None:
-    """A NetworkPolicy in front of the workers, one generated token shared by exactly the router,
-    the operator (and through it the worker pods), and a disruption budget for the routers."""
+    """A NetworkPolicy in front of the workers, no shared token (no Secret holds one: the router and
+    the operator each present a ServiceAccount token of their own, projected for the workers'
+    audience, where their variables say), and a disruption budget for the routers."""
     documents = chart.render(kube_cluster)
     (policy,) = [d for d in documents if d["kind"] == "NetworkPolicy"]
     assert policy["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "worker"
     peers = [peer["podSelector"]["matchLabels"]["app.kubernetes.io/component"] for peer in policy["spec"]["ingress"][0]["from"]]
     assert sorted(peers) == ["operator", "router"]
-    (secret,) = [d for d in documents if d["kind"] == "Secret"]
-    assert secret["metadata"]["name"] == "hotset-worker-token" and secret["data"]["token"]
-    envs = {d["metadata"]["name"]: {e["name"]: e for e in d["spec"]["template"]["spec"]["containers"][0]["env"]}
-            for d in documents if d["kind"] == "Deployment"}
-    assert envs["hotset-router"]["HOTSET_WORKER_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "hotset-worker-token"
-    assert envs["hotset-operator"]["HOTSET_OPERATOR_WORKER_TOKEN_SECRET"]["value"] == "hotset-worker-token"
+    assert not [d for d in documents if d["kind"] == "Secret"]
+    files = {"hotset-router": "HOTSET_WORKER_TOKEN_FILE", "hotset-operator": "HOTSET_OPERATOR_WORKER_TOKEN_FILE"}
+    for name, variable in files.items():
+        pod = chart.document(documents, "Deployment", name)["spec"]["template"]["spec"]
+        container = pod["containers"][0]
+        assert not any("secretKeyRef" in (e.get("valueFrom") or {}) for e in container["env"]), name
+        (volume,) = [v for v in pod["volumes"] if v["name"] == "worker-caller-token"]
+        (source,) = volume["projected"]["sources"]
+        token = source["serviceAccountToken"]
+        assert (token["audience"], token["expirationSeconds"]) == (identity.CALLER_AUDIENCE, identity.TOKEN_SECONDS)
+        (mount,) = [m for m in container["volumeMounts"] if m["name"] == "worker-caller-token"]
+        path = f"{mount['mountPath']}/{token['path']}"
+        assert chart.env_values(chart.document(documents, "Deployment", name))[variable] == path == \
+            f"{identity.TOKENS_DIR}/{identity.CALLER_TOKEN_FILE}"
+        assert pod["serviceAccountName"] == name
     assert any(d["kind"] == "PodDisruptionBudget" and d["metadata"]["name"] == "hotset-router" for d in documents)
+    # the router reviews workers' identity tokens whether or not it checks its callers
+    for mode, rules in (("kubernetes", {"tokenreviews", "subjectaccessreviews"}), ("none", {"tokenreviews"})):
+        reviews = chart.document(chart.render(kube_cluster, "--set", f"router.auth.mode={mode}"), "ClusterRole",
+                                 "hotset-router-callers-default")
+        assert {r for rule in reviews["rules"] for r in rule["resources"]} == rules, mode
+
+
+def test_the_retired_shared_token_fails_the_render_naming_what_replaced_it(kube_cluster: KubeCluster) -> None:
+    for value in ("security.workerToken.value=t", "security.workerToken.existingSecret=mine"):
+        result = chart.helm(kube_cluster, "template", chart.RELEASE, str(CHART), "--set", value)
+        assert result.returncode != 0 and "security.workerToken is retired" in result.stderr, result.stderr
+        assert "ServiceAccount tokens of their own" in result.stderr
 
 
 def test_grpc_ports_are_on_by_default_and_named_for_clients_and_meshes(kube_cluster: KubeCluster) -> None:
@@ -292,17 +338,17 @@ def test_grpc_ports_are_on_by_default_and_named_for_clients_and_meshes(kube_clus
     assert OperatorConfig.from_env(operator_env, namespace="ml").worker_grpc_port == 0
 
 
-def test_operator_may_refresh_its_token_copies_but_not_the_charts_own(kube_cluster: KubeCluster) -> None:
-    """Worker pods outside the release namespace read the workers' token from a copy the operator
-    writes there (test_namespaces_and_quotas.py); the chart's own Secret stays out of its reach,
-    except where RBAC cannot leave one namespace out (watchNamespaces ["*"])."""
-    def copy_rules(*values: str) -> dict[str, bool]:
+def test_operator_may_keep_its_worker_accounts_but_not_the_charts_own(kube_cluster: KubeCluster) -> None:
+    """Worker pods outside the release namespace run as a copy of the workers' ServiceAccount the
+    operator makes there (test_namespaces_and_quotas.py); the chart's own account stays out of its
+    reach, except where RBAC cannot leave one namespace out (watchNamespaces ["*"])."""
+    def account_rules(*values: str) -> dict[str, bool]:
         roles = [d for d in chart.render(kube_cluster, *values, namespace="hotset")
                  if d["kind"] in ("Role", "ClusterRole") and d["metadata"]["name"].startswith("hotset-operator")]
-        return {d["metadata"].get("namespace", "*"): any(r.get("resourceNames") == ["hotset-worker-token"]
+        return {d["metadata"].get("namespace", "*"): any(r.get("resourceNames") == ["hotset-worker"]
                                                          and r["verbs"] == ["patch"] for r in d["rules"])
-                for d in roles if any("secrets" in r.get("resources", []) for r in d["rules"])}
+                for d in roles if any("serviceaccounts" in r.get("resources", []) for r in d["rules"])}
 
-    assert copy_rules() == {"hotset": False}
-    assert copy_rules("--set", "watchNamespaces={team-a,team-b}") == {"hotset": False, "team-a": True, "team-b": True}
-    assert copy_rules("--set", "watchNamespaces={*}") == {"*": True}
+    assert account_rules() == {"hotset": False}
+    assert account_rules("--set", "watchNamespaces={team-a,team-b}") == {"hotset": False, "team-a": True, "team-b": True}
+    assert account_rules("--set", "watchNamespaces={*}") == {"*": True}

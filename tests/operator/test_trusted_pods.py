@@ -1,12 +1,14 @@
-"""Only those who may read the workers' token can make a pod hotset trusts (a real API server, its
-RBAC, its controllers and the chart's ValidatingAdmissionPolicy as ``helm template`` renders it).
+"""Only those who could have an account's tokens anyway can make a pod hotset trusts as that
+account (a real API server, its RBAC, its controllers and the chart's ValidatingAdmissionPolicy as
+``helm template`` renders it).
 
-The router and the operator find workers by label, the NetworkPolicy admits callers by label and
-worker pods mount the token: in a namespace hotset serves, someone who may create pods but not
-read the token cannot make one that carries hotset's worker, router or operator labels, runs as
-one of its ServiceAccounts or mounts the token, directly or through a Deployment or ReplicaSet.
-Deployments of those who may (the operator, the installer) still get their pods from Kubernetes'
-own controllers.
+The router and the operator find workers by label, the NetworkPolicy admits callers by label,
+workers answer the router's and the operator's ServiceAccount tokens, and the router and the
+operator accept the workers' account's identity tokens: in a namespace hotset serves, someone who
+may create pods but not ``create serviceaccounts/token`` for that account cannot make one that
+carries hotset's worker, router or operator labels or runs as one of its ServiceAccounts, directly
+or through a Deployment or ReplicaSet. Deployments of those who may (the operator, the installer)
+still get their pods from Kubernetes' own controllers.
 """
 from __future__ import annotations
 
@@ -65,22 +67,22 @@ WORKER = {labels.PART_OF: labels.PROJECT, labels.COMPONENT: labels.WORKER, label
 ROUTER = {labels.PART_OF: labels.PROJECT, labels.COMPONENT: "router"}
 
 
-def test_a_pod_that_would_pass_for_hotsets_own_needs_the_right_to_read_the_token(guarded: Cluster) -> None:
+def test_a_pod_that_would_pass_for_hotsets_own_needs_the_right_to_its_accounts_tokens(guarded: Cluster) -> None:
     refused = wait_for(lambda: (r := _create(guarded, _pod("fake-worker", WORKER), MALLORY)).returncode != 0 and r,
                        "the policy in force")
-    assert ("mallory may not make a Pod that carries hotset's worker labels: that needs get on "
-            f"secrets/hotset-worker-token in {guarded.namespace}") in refused.stderr
+    assert ("mallory may not make a Pod that carries hotset's worker labels: that needs create on "
+            f"serviceaccounts/token for hotset-worker in {guarded.namespace}") in refused.stderr
     as_router = _create(guarded, _deployment("fake-router", ROUTER), MALLORY)
     assert as_router.returncode != 0 and "may not make a Deployment that carries hotset's router labels" in as_router.stderr
+    assert "serviceaccounts/token for hotset-router" in as_router.stderr
     as_account = _create(guarded, _pod("sa", serviceAccountName="hotset-worker"), MALLORY)
     assert as_account.returncode != 0 and "runs as hotset's ServiceAccount hotset-worker" in as_account.stderr
-    token = {"name": "t", "secret": {"secretName": "hotset-worker-token"}}
-    mounting = _create(guarded, _pod("mount", volumes=[token]), MALLORY)
-    assert mounting.returncode != 0 and "mounts the workers' token hotset-worker-token" in mounting.stderr
-    from_env = _pod("env")
-    from_env["spec"]["containers"][0]["env"] = [
-        {"name": "T", "valueFrom": {"secretKeyRef": {"name": "hotset-worker-token", "key": "token"}}}]
-    assert _create(guarded, from_env, MALLORY).returncode != 0
+    # one who may mint the account's tokens could be it anyway: passes
+    guarded.kubectl("create", "role", "minter", "--verb=create", "--resource=serviceaccounts/token",
+                    "--resource-name=hotset-worker")
+    guarded.kubectl("create", "rolebinding", "minter", "--role=minter", "--user=trent")
+    guarded.kubectl("create", "rolebinding", "trent-deploys", "--role=deployer", "--user=trent")
+    assert _create(guarded, _pod("minted", WORKER, serviceAccountName="hotset-worker"), "--as=trent").returncode == 0
     # anything else she may make as before, but not relabel it as hotset's afterwards
     assert _create(guarded, _pod("plain"), MALLORY, dry_run=False).returncode == 0
     assert _create(guarded, _deployment("plain", {"app": "plain"}), MALLORY).returncode == 0
@@ -90,7 +92,7 @@ def test_a_pod_that_would_pass_for_hotsets_own_needs_the_right_to_read_the_token
     assert guarded.kubectl("label", "pod", "plain", MALLORY, "tier=web").returncode == 0
 
 
-def test_a_deployment_of_someone_who_may_read_the_token_gets_its_pods(guarded: Cluster) -> None:
+def test_a_deployment_of_someone_who_may_have_the_tokens_gets_its_pods(guarded: Cluster) -> None:
     wait_for(lambda: _create(guarded, _pod("probe", WORKER), MALLORY).returncode != 0, "the policy in force")
     assert _create(guarded, _deployment("pool", WORKER), dry_run=False).returncode == 0  # the admin here
     pods = wait_for(lambda: guarded.items("pods", f"{labels.COMPONENT}={labels.WORKER}"),
@@ -99,3 +101,33 @@ def test_a_deployment_of_someone_who_may_read_the_token_gets_its_pods(guarded: C
     # what controllers and the operator change on it later (not what is judged) passes, whoever it is
     name = pods[0]["metadata"]["name"]
     assert guarded.kubectl("annotate", "pod", name, MALLORY, "hotset.io/draining=1").returncode == 0
+
+
+def test_the_operator_makes_worker_deployments_but_no_pods_of_its_own(guarded: Cluster) -> None:
+    """Its Deployments run as the workers' account (the policy names it); a Pod it made would not pass."""
+    wait_for(lambda: _create(guarded, _pod("probe", WORKER), MALLORY).returncode != 0, "the policy in force")
+    operator = f"system:serviceaccount:{guarded.namespace}:hotset-operator"
+    guarded.kubectl("create", "rolebinding", "operator-deploys", "--role=deployer",
+                    f"--serviceaccount={guarded.namespace}:hotset-operator")
+    pool = _deployment("pool", WORKER)
+    pool["spec"]["template"]["spec"]["serviceAccountName"] = "hotset-worker"
+    assert _create(guarded, pool, f"--as={operator}").returncode == 0
+    pod = _create(guarded, _pod("by-hand", WORKER), f"--as={operator}")
+    assert pod.returncode != 0 and "serviceaccounts/token for hotset-worker" in pod.stderr
+
+
+def test_only_the_operator_writes_the_keys_workers_verify_the_router_with(guarded: Cluster) -> None:
+    """Other keys there would make that namespace's worker pods accept tokens signed by them (the
+    chart's second policy, hotset-issuer-keys-<release namespace>)."""
+    guarded.kubectl("create", "role", "configurer", "--verb=create,update,patch", "--resource=configmaps")
+    for subject in ("--user=mallory", f"--serviceaccount={guarded.namespace}:hotset-operator"):
+        guarded.kubectl("create", "rolebinding", f"configures-{subject.split('=')[0][2:]}", "--role=configurer", subject)
+    keys = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "hotset-issuer-keys"},
+            "data": {"issuer": "https://forged.example", "jwks.json": "{\"keys\": []}"}}
+    refused = wait_for(lambda: (r := _create(guarded, keys, MALLORY)).returncode != 0 and r, "the policy in force")
+    assert (f"mallory may not write ConfigMap hotset-issuer-keys in {guarded.namespace}: worker pods verify the "
+            "router's and the operator's tokens with the keys in it") in refused.stderr
+    other = {**keys, "metadata": {"name": "settings"}}
+    assert _create(guarded, other, MALLORY).returncode == 0
+    operator = f"--as=system:serviceaccount:{guarded.namespace}:hotset-operator"
+    assert _create(guarded, keys, operator).returncode == 0

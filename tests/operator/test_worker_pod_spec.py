@@ -2,7 +2,9 @@
 what they say, GPUs from the settings, nothing running as root."""
 from __future__ import annotations
 
-from hotset_common import labels
+from pathlib import Path
+
+from hotset_common import labels, worker_identity as identity
 from hotset_common.spec import ModelSpec
 from hotset_operator import workloads
 from hotset_operator.config import OperatorConfig
@@ -168,13 +170,43 @@ def test_the_pool_is_owned_by_the_operator_deployment_when_named() -> None:
     assert "ownerReferences" not in workloads.build_pool_deployment(_config(), replicas=1)["metadata"]
 
 
-def test_worker_pods_carry_the_trust_policy_and_the_token_from_its_secret() -> None:
-    template = workloads.build_worker_pod_template(_config(worker_token_secret="tok"), None, [])
+def test_worker_pods_carry_the_trust_policy_and_tokens_of_their_own_not_a_shared_one() -> None:
+    """docs/security.md, "Workers that prove who they are": the kubelet projects the pod's identity and
+    catalog tokens (each for its audience, bound to the pod), the cluster's keys come from the
+    operator's ConfigMap, and the worker answers the router's and the operator's accounts only."""
+    config = _config(worker_identity="pod-token", worker_service_account="hotset-worker")
+    template = workloads.build_worker_pod_template(config, None, [])
     worker = _containers(template)[workloads.WORKER_CONTAINER]
-    env = {e["name"]: e for e in worker["env"]}
-    assert env["HOTSET_API_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "tok", "key": "token"}
-    assert env["HOTSET_FILE_ROOTS"]["value"] == ""  # file:// refused unless roots are declared
-    assert "python" not in env["HOTSET_TRITON_BACKENDS"]["value"].split(",")
+    env = {e["name"]: e.get("value") for e in worker["env"]}
+    assert env["HOTSET_FILE_ROOTS"] == ""  # file:// refused unless roots are declared
+    assert "python" not in env["HOTSET_TRITON_BACKENDS"].split(",")
+    assert "HOTSET_API_TOKEN" not in env and not any("valueFrom" in e and "secretKeyRef" in e["valueFrom"]
+                                                    for e in worker["env"])
+    assert env["HOTSET_TRUSTED_CALLERS"] == "ml:hotset-router,ml:hotset-operator"
+    volumes = {v["name"]: v for v in template["spec"]["volumes"]}
+    tokens = {s["serviceAccountToken"]["audience"]: s["serviceAccountToken"]
+              for s in volumes[workloads.IDENTITY_VOLUME]["projected"]["sources"]}
+    assert set(tokens) == {identity.IDENTITY_AUDIENCE, identity.CATALOG_AUDIENCE}
+    assert all(t["expirationSeconds"] == identity.TOKEN_SECONDS for t in tokens.values())
+    assert volumes[workloads.KEYS_VOLUME]["configMap"] == {"name": identity.KEYS_CONFIGMAP, "optional": True,
+                                                            "defaultMode": 0o444}
+    mounts = {m["name"]: m["mountPath"] for m in worker["volumeMounts"]}
+    assert env["HOTSET_IDENTITY_TOKEN_FILE"] == f"{mounts[workloads.IDENTITY_VOLUME]}/{tokens[identity.IDENTITY_AUDIENCE]['path']}"
+    assert env["HOTSET_CATALOG_TOKEN_FILE"] == f"{mounts[workloads.IDENTITY_VOLUME]}/{tokens[identity.CATALOG_AUDIENCE]['path']}"
+    assert env["HOTSET_CALLER_KEYS"] == mounts[workloads.KEYS_VOLUME]
+    triton = _containers(template)[workloads.TRITON_CONTAINER]  # the sidecar holds none of them
+    assert {m["name"] for m in triton["volumeMounts"]}.isdisjoint({workloads.IDENTITY_VOLUME, workloads.KEYS_VOLUME})
+    assert template["spec"]["serviceAccountName"] == "hotset-worker" and template["spec"]["automountServiceAccountToken"] is False
+    # what the operator sets, the worker reads
+    from hotset_worker import main
+
+    settings = main.parse_settings([], {k: v for k, v in env.items() if v is not None})
+    assert settings.trusted_callers == ("system:serviceaccount:ml:hotset-router",
+                                        "system:serviceaccount:ml:hotset-operator")
+    assert (settings.caller_keys, settings.api_token) == (Path(identity.KEYS_DIR), "")
+    # identity off (stand-in pods in tests): none of it
+    plain = workloads.build_worker_pod_template(_config(), None, [])
+    assert workloads.IDENTITY_VOLUME not in {v["name"] for v in plain["spec"]["volumes"]}
 
 
 def test_the_sidecar_outlives_the_workers_drain() -> None:

@@ -33,11 +33,15 @@ def test_the_docs_table_is_the_one_the_options_make() -> None:
 
 
 def test_every_variable_the_operator_sets_is_a_worker_option() -> None:
-    container = workloads.build_worker_container(operator_config("ops", worker_token_secret="t"), ["a"])
+    container = workloads.build_worker_container(operator_config("ops", worker_identity="pod-token",
+                                                                 worker_service_account="hotset-worker"), ["a"])
     known = {option.env for option in WorkerOption} | {variable for _, variable, *_ in slow_clients._OPTIONS}
     set_by_operator = {entry["name"] for entry in container["env"]} - {"HOME"}
     assert set_by_operator <= known, set_by_operator - known
-    assert {WorkerOption.CATALOG_URL.env, WorkerOption.API_TOKEN.env, WorkerOption.PINNED.env} <= set_by_operator
+    assert {WorkerOption.CATALOG_URL.env, WorkerOption.CALLER_KEYS.env, WorkerOption.TRUSTED_CALLERS.env,
+            WorkerOption.IDENTITY_TOKEN_FILE.env, WorkerOption.CATALOG_TOKEN_FILE.env,
+            WorkerOption.PINNED.env} <= set_by_operator
+    assert WorkerOption.API_TOKEN.env not in set_by_operator  # no shared token in cluster pods
 
 
 def test_every_option_can_come_from_the_environment() -> None:
@@ -88,6 +92,10 @@ def test_flags_win_over_the_environment() -> None:
         (["--model-store", "s.json", "--source-root", "nopath"], "CLAIM=PATH"),
         (["--model-store", "s.json", "--failed-load-backoff-s", "-1"], "--failed-load-backoff-s"),
         (["--model-store", "s.json", "--grpc-port", "grpc"], "--grpc-port must be a port number"),
+        (["--model-store", "s.json", "--caller-keys", "/k"], "--caller-keys needs --trusted-callers"),
+        (["--model-store", "s.json", "--caller-keys", "/k", "--trusted-callers", "a:b", "--api-token", "t"],
+         "two ways to check callers"),
+        (["--model-store", "s.json", "--trusted-callers", "hotset-router"], "not a ServiceAccount as namespace:name"),
     ],
 )
 def test_bad_options_exit_with_a_message_naming_them(argv, message, capsys) -> None:

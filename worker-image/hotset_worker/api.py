@@ -30,9 +30,14 @@ status by the one shared handler. Choices worth knowing:
   router sends their requests nowhere they would fail meanwhile.
 - The same OIP v2 over gRPC (``inference.GRPCInferenceService``) on a port of
   its own when ``grpc_address`` is given: grpc_api.py, onto the same data plane.
-- With an API token (cluster mode), every endpoint but the health probes,
-  ``/metrics`` and the OpenAPI description needs ``Authorization: Bearer
-  <token>`` (401): only the router and the operator hold it.
+- With a caller check (callers.py: in a cluster, the router's and the operator's
+  own ServiceAccount tokens; on a local stack, one fixed token), every endpoint
+  but the health probes, ``/metrics``, ``/identity`` and the OpenAPI
+  description needs ``Authorization: Bearer <token>`` (401 without one that
+  verifies, 403 for another account).
+- ``GET /identity`` hands out the pod's own identity token (bound to the pod)
+  to whoever asks: the router and the operator check it before they send the
+  pod anything (hotset_common.worker_identity).
 """
 from __future__ import annotations
 
@@ -48,11 +53,13 @@ import pydantic
 from fastapi import FastAPI, Header, Request, Response
 from fastapi.responses import JSONResponse
 
-from hotset_common import errors, http, wire
+from hotset_common import errors, http, wire, worker_identity
 from hotset_common.http import ASGIApp
+from hotset_common.worker_identity import BearerToken
 from hotset_worker import codec, grpc_api, openai_routes, status_report
 from hotset_worker.repository import repository_entries
 from hotset_worker.backends import Backends
+from hotset_worker.callers import CallerCheck
 from hotset_worker.dataplane import DataPlane
 from hotset_worker.inference_asgi import InferenceRoutes
 from hotset_worker.limits import DEFAULT_MAX_QUEUE as DEFAULT_MAX_MODEL_QUEUE, ModelLimiter
@@ -68,8 +75,9 @@ TRITON = "triton"  # the backend /status reports as triton_ready
 SERVER_VERSION = "0.1.0"
 EXTENSIONS = ["binary_tensor_data", "model_repository"]
 DEFAULT_MAX_BODY_BYTES = 64 * 2**20
-# Paths that answer without the API token: the kubelet's probes, Prometheus, the API's description.
-OPEN_PATHS = frozenset({"/v2/health/live", "/v2/health/ready", "/metrics", "/openapi.json", "/docs"})
+# Paths that answer any caller: the kubelet's probes, Prometheus, the pod's identity, the API's description.
+OPEN_PATHS = frozenset({"/v2/health/live", "/v2/health/ready", "/metrics", worker_identity.IDENTITY_PATH,
+                        "/openapi.json", "/docs"})
 
 
 def create_app(
@@ -84,7 +92,8 @@ def create_app(
     prepare: Callable[[], None] | None = None,
     backend_sync_s: float = 1.0,
     inference_threads: int | None = None,
-    api_token: str = "",
+    callers: CallerCheck | None = None,
+    identity: BearerToken | None = None,
     max_model_queue: int = DEFAULT_MAX_MODEL_QUEUE,
     draining: Callable[[], bool] = lambda: False,
     grpc_address: str | None = None,
@@ -95,8 +104,8 @@ def create_app(
     `prepare` runs on a thread at start-up without delaying it (e.g. importing
     the frameworks the store uses, so the first cold load does not pay for it).
     Every `backend_sync_s`, what each backend (the Triton sidecar) holds is compared with
-    the table (a restarted sidecar comes back empty; see backends). `api_token`: see the module
-    docstring. `draining()` says the server is shutting down: readiness answers 503 so that
+    the table (a restarted sidecar comes back empty; see backends). `callers`: who may call
+    (None: everyone); `identity`: the pod's identity token for ``/identity`` (see the module docstring). `draining()` says the server is shutting down: readiness answers 503 so that
     no new traffic comes, while requests already sent are still served. `grpc_address` (host:port;
     port 0: a free one): also serve OIP v2 over gRPC there (grpc_api.py), in this app's lifespan.
     `engine_loads`: the vLLM engines' own figures, read in this app's lifespan and reported in /status.
@@ -133,7 +142,7 @@ def create_app(
 
     async def start_grpc() -> grpc.aio.Server:
         assert grpc_address is not None
-        service = grpc_api.InferenceService(dataplane, readiness, SERVER_NAME, SERVER_VERSION, EXTENSIONS, api_token)
+        service = grpc_api.InferenceService(dataplane, readiness, SERVER_NAME, SERVER_VERSION, EXTENSIONS, callers)
         server, port = grpc_api.create_server(service, grpc_address, max_body_bytes)
         await server.start()
         reports.grpc_port = port  # the router learns it from /status
@@ -249,6 +258,16 @@ def create_app(
         report = reports.report(await readiness(), since, wire.parse_status_limit(limit), x_hotset_router)
         return Response(report.model_dump_json(), media_type="application/json")
 
+    @app.get(worker_identity.IDENTITY_PATH)
+    async def pod_identity() -> dict[str, str]:
+        """This pod's identity token, for the router and the operator to check before they send it
+        anything (it proves which pod answers at this address, nothing more)."""
+        token = identity.value() if identity else ""
+        if not token:
+            raise errors.NotFound("this worker has no identity token (it runs outside a cluster, "
+                                       "or its projected token cannot be read)")
+        return worker_identity.identity_answer(pod_name, token)
+
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:
         # Rendered on a thread: at 5,000 held copies the exposition is 195,000 samples and took
@@ -261,23 +280,23 @@ def create_app(
 
     served: ASGIApp = InferenceRoutes(app, dataplane, max_body_bytes, functools.partial(parse_json_model,
                                                                                        wire.PredictRequest))
-    return RequireToken(served, token=api_token) if api_token else served
+    return RequireCaller(served, callers) if callers is not None else served
 
 
-class RequireToken:
-    """Plain ASGI (no per-request middleware stack): 401 for any request without the API token,
-    but on OPEN_PATHS."""
+class RequireCaller:
+    """Plain ASGI (no per-request middleware stack): the caller check for any request but on
+    OPEN_PATHS; its refusal (401, 403, 503) answered here."""
 
-    def __init__(self, app: Any, token: str) -> None:
+    def __init__(self, app: Any, callers: CallerCheck) -> None:
         self.app = app
-        self.token = token
+        self.callers = callers
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
             headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
             try:
-                http.check_bearer(headers, self.token, "this worker's API")
-            except errors.Unauthorized as exc:
+                self.callers.check(headers)
+            except errors.HotsetError as exc:
                 answer = JSONResponse(http.error_body(exc.message), status_code=exc.status_code, headers=exc.headers)
                 await answer(scope, receive, send)
                 return

@@ -21,8 +21,8 @@ encoding are gRPC's own (grpc_codec.py). Choices worth knowing:
   ``timeoutSeconds`` that ran out is UNAVAILABLE with retry-after, as HTTP's 503);
 - a triton model infers on tensors here (its HTTP path forwards the body to
   the sidecar as it came; a protobuf request has no such body);
-- with an API token, every call but ServerLive and ServerReady (the probes)
-  needs ``authorization: Bearer <token>`` metadata, as over HTTP;
+- with a caller check (callers.py), every call but ServerLive and ServerReady
+  (the probes) needs ``authorization: Bearer <token>`` metadata, as over HTTP;
 - messages up to the worker's body limit (``--max-body-bytes``); past it,
   gRPC itself answers RESOURCE_EXHAUSTED.
 """
@@ -35,8 +35,9 @@ import grpc
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
-from hotset_common import errors, grpc_wire, http, wire
+from hotset_common import errors, grpc_wire, wire
 from hotset_worker import grpc_codec
+from hotset_worker.callers import CallerCheck
 from hotset_worker.dataplane import DataPlane
 from hotset_worker.manager import RequestTiming
 from hotset_worker.repository import repository_entries
@@ -51,13 +52,13 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
     """The calls of ``inference.GRPCInferenceService`` the worker answers, each onto the data plane."""
 
     def __init__(self, dataplane: DataPlane, readiness: Readiness, server_name: str, server_version: str,
-                 extensions: list[str], api_token: str = "") -> None:
+                 extensions: list[str], callers: CallerCheck | None = None) -> None:
         self.dataplane = dataplane
         self.readiness = readiness  # what /v2/health/ready answers
         self.server_name = server_name
         self.server_version = server_version
         self.extensions = extensions
-        self.api_token = api_token
+        self.callers = callers  # who may call (callers.py); None: everyone
 
     async def ServerLive(self, request: pb.ServerLiveRequest, context: grpc.aio.ServicerContext) -> pb.ServerLiveResponse:
         return pb.ServerLiveResponse(live=True)
@@ -137,8 +138,8 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         """Run one call (its metadata read as headers, the token checked) with errors as gRPC statuses."""
         try:
             headers = grpc_wire.headers_of(context.invocation_metadata())
-            if self.api_token:
-                http.check_bearer(headers, self.api_token, "this worker's API")
+            if self.callers is not None:
+                self.callers.check(headers)
             return await answer(headers)
         except errors.HotsetError as exc:
             code, message, trailers = grpc_wire.error_of(exc, context.time_remaining())

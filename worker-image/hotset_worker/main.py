@@ -20,12 +20,13 @@ from typing import Callable, Iterator, Mapping, Sequence
 import uvicorn
 from fastapi import FastAPI
 
-from hotset_common import quantity, slow_clients, worker_settings
+from hotset_common import quantity, slow_clients, worker_identity, worker_settings
 from hotset_common.worker_settings import WorkerOption
 from hotset_common.budget import BudgetMode
 from hotset_common.slow_clients import ClientLimits
 from hotset_common.eviction import DEFAULT_CHURN_GUARD_S, EvictionPolicy
-from hotset_worker import api, engine, memory
+from hotset_common.worker_identity import BearerToken
+from hotset_worker import api, callers, engine, memory
 from hotset_worker.limits import DEFAULT_MAX_QUEUE as DEFAULT_MAX_MODEL_QUEUE
 from hotset_worker.backends import Backends
 from hotset_worker.engine_load import EngineLoads
@@ -76,7 +77,13 @@ class Settings:
     vllm_metrics_interval_s: float = 0.5  # how often each engine's /metrics is read (engine_load.py)
     vllm_cpu_cores_per_engine: int = 0  # on a pod without a GPU; 0: half the pod's cores
     log_level: str = "info"
-    api_token: str = ""  # empty: no auth (standalone, loopback); cluster pods get one from a Secret
+    api_token: str = ""  # one fixed token (a local stack); empty: none
+    # Cluster pods (docs/security.md, "Workers that prove who they are"): the cluster's ServiceAccount
+    # keys callers' tokens are verified with, the accounts answered (user names), the pod's own tokens.
+    caller_keys: Path | None = None
+    trusted_callers: tuple[str, ...] = ()
+    identity_token_file: Path | None = None
+    catalog_token_file: Path | None = None
     drain_s: float = 5.0
     max_model_queue: int = DEFAULT_MAX_MODEL_QUEUE
     file_roots: tuple[Path, ...] | None = None  # None: any path ("*")
@@ -132,6 +139,14 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
         parser.error(f"--inference-threads must be at least 1, got {args.inference_threads}")
     if args.torch_threads not in (None, "") and int(args.torch_threads) < 1:
         parser.error(f"--torch-threads must be at least 1, got {args.torch_threads}")
+    if args.caller_keys.strip() and args.api_token.strip():
+        parser.error("--caller-keys and --api-token are two ways to check callers; give one")
+    try:
+        trusted = worker_identity.parse_accounts(args.trusted_callers)
+    except ValueError as exc:
+        parser.error(f"--trusted-callers: {exc}")
+    if args.caller_keys.strip() and not trusted:
+        parser.error("--caller-keys needs --trusted-callers (namespace:name,...): the ServiceAccounts this worker answers")
     try:
         return Settings(
             model_store=Path(args.model_store) if args.model_store else None,
@@ -165,6 +180,10 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
             log_level=args.log_level,
             client_limits=slow_clients.from_arguments(args),
             api_token=args.api_token.strip(),
+            caller_keys=Path(args.caller_keys.strip()) if args.caller_keys.strip() else None,
+            trusted_callers=trusted,
+            identity_token_file=Path(args.identity_token_file.strip()) if args.identity_token_file.strip() else None,
+            catalog_token_file=Path(args.catalog_token_file.strip()) if args.catalog_token_file.strip() else None,
             drain_s=float(args.drain_seconds),
             max_model_queue=int(args.max_model_queue),
             file_roots=None if args.file_roots.strip() == "*" else tuple(Path(p) for p in _split(args.file_roots)),
@@ -299,7 +318,9 @@ def build_app(settings: Settings, store: ModelStore | None = None,
     return api.create_app(
         manager, metrics, backends, pod_name=settings.pod_name, max_body_bytes=settings.max_body_bytes,
         prepare=lambda: import_frameworks(store, context), inference_threads=settings.inference_threads,
-        api_token=settings.api_token, max_model_queue=settings.max_model_queue, draining=draining,
+        callers=callers.from_settings(settings.api_token, settings.caller_keys, settings.trusted_callers),
+        identity=BearerToken(path=settings.identity_token_file) if settings.identity_token_file else None,
+        max_model_queue=settings.max_model_queue, draining=draining,
         backend_sync_s=settings.backend_sync_s, engine_loads=engine_loads,
         grpc_address=f"{settings.host}:{settings.grpc_port}" if settings.grpc_port is not None else None,
     )
@@ -308,7 +329,10 @@ def build_app(settings: Settings, store: ModelStore | None = None,
 def open_store(settings: Settings) -> ModelStore:
     """The operator's feed in a cluster (``catalog_url``), else the JSON file."""
     if settings.catalog_url:
-        return FollowedModelStore(settings.catalog_url, token=settings.api_token)
+        # The pod's catalog token; a local stack's fixed token, where it has one.
+        credential = (BearerToken(path=settings.catalog_token_file) if settings.catalog_token_file
+                      else BearerToken(settings.api_token))
+        return FollowedModelStore(settings.catalog_url, credential=credential)
     assert settings.model_store is not None
     return JsonModelStore(settings.model_store)
 

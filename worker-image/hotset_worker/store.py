@@ -29,6 +29,7 @@ import pydantic
 from hotset_common import errors, model_store
 from hotset_common.model_store import CatalogUpdate
 from hotset_common.spec import ModelSpec
+from hotset_common.worker_identity import BearerToken
 
 log = logging.getLogger(__name__)
 
@@ -184,17 +185,18 @@ class FollowedModelStore(MemoryModelStore):
     first load); after that the store follows in the background and keeps what it has while
     the operator cannot be reached (an operator restart, a network blip), asking again after
     `retry_s`. An entry that does not parse is skipped, logged with its model and field; the
-    others still apply."""
+    others still apply. `credential`: what each request presents (a cluster pod's catalog token,
+    read again as the kubelet rewrites it)."""
 
-    def __init__(self, url: str, token: str = "", wait_s: float = 25.0, retry_s: float = 1.0,
+    def __init__(self, url: str, credential: BearerToken | None = None, wait_s: float = 25.0, retry_s: float = 1.0,
                  first_wait_s: float = 10.0, client: httpx.Client | None = None) -> None:
         super().__init__()
         self.url = url
         self.wait_s = wait_s
         self.retry_s = retry_s
         self.cursor = ""  # "<epoch>.<revision>" of what this store holds; "": nothing yet
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._http = client or httpx.Client(headers=headers, timeout=httpx.Timeout(wait_s + 10.0, connect=5.0))
+        self.credential = credential or BearerToken()  # read per request: the kubelet rotates it
+        self._http = client or httpx.Client(timeout=httpx.Timeout(wait_s + 10.0, connect=5.0))
         self._stop = threading.Event()
         self._first = threading.Event()
         self._thread = threading.Thread(target=self._follow, name="catalog-follower", daemon=True)
@@ -241,6 +243,6 @@ class FollowedModelStore(MemoryModelStore):
         params = {model_store.WAIT_PARAM: f"{self.wait_s:g}" if self.cursor else "0"}
         if self.cursor:
             params[model_store.CURSOR_PARAM] = self.cursor
-        answer = self._http.get(self.url, params=params)
+        answer = self._http.get(self.url, params=params, headers=self.credential.headers())
         answer.raise_for_status()
         return CatalogUpdate.model_validate_json(answer.content)

@@ -160,6 +160,18 @@ def lowest_best(value: float, values: Sequence[float]) -> float:
     return 1.0 if high == low else (high - value) / (high - low)
 
 
+def room_left(inflight: int, bound: int) -> float:
+    """The share of the bounded load's room still free: each request in flight costs the same, so
+    one more request on the copy holding a prompt never outweighs the prompt's blocks (a min-max
+    scale would make a difference of one request count as much as one of a hundred)."""
+    return 1.0 - min(1.0, inflight / bound) if bound > 0 else 0.0
+
+
+def waiting_room(waiting: int) -> float:
+    """1 for an engine with nothing waiting, falling as its queue grows (1/2 at one, 1/6 at five)."""
+    return 1.0 / (1 + max(0, waiting))
+
+
 def kv_cache_room(usage: float) -> float:
     """The share of the engine's KV cache still free."""
     return 1.0 - min(1.0, max(0.0, usage))
@@ -169,11 +181,18 @@ def lora_affinity(resident: bool) -> float:
     return 1.0 if resident else 0.0
 
 
+def load_bound(candidates: Sequence[Candidate], load_factor: float = DEFAULT_LOAD_FACTOR,
+               min_room: int = DEFAULT_MIN_ROOM) -> int:
+    """The most requests one copy may have in flight: `load_factor` times the average with this one
+    counted, and never less than `min_room`."""
+    return max(min_room, math.ceil(load_factor * (sum(c.inflight for c in candidates) + 1) / len(candidates)))
+
+
 def within_bounded_load(candidates: Sequence[Candidate], load_factor: float = DEFAULT_LOAD_FACTOR,
                         min_room: int = DEFAULT_MIN_ROOM) -> list[Candidate]:
     """The candidates whose in-flight requests (one more included) stay within the bound; all of them
     when none does (not reached: some copy is at most average)."""
-    bound = max(min_room, math.ceil(load_factor * (sum(c.inflight for c in candidates) + 1) / len(candidates)))
+    bound = load_bound(candidates, load_factor, min_room)
     kept = [c for c in candidates if c.inflight + 1 <= bound]
     return kept or list(candidates)
 
@@ -184,16 +203,17 @@ def rendezvous(key: str, url: str) -> int:
 
 
 def scores(candidates: Sequence[Candidate], total_blocks: int, weights: Weights = Weights(),
-           adapter: bool = False) -> dict[str, float]:
-    """Each candidate's weighted sum of the scorers."""
-    inflight = [c.inflight for c in candidates]
-    waiting = [c.waiting for c in candidates]
+           adapter: bool = False, bound: int = DEFAULT_MIN_ROOM) -> dict[str, float]:
+    """Each candidate's weighted sum of the scorers; `bound` is the bounded load's room per copy.
+
+    Spread (fewest prompts held first) is for where a new prompt starts: a copy that holds this
+    prompt's blocks gets it whole, so holding many prompts never pushes a prompt off its own copy."""
     prefixes = [c.prefixes for c in candidates]
     return {c.url: weights.prefix * prefix_affinity(c.matched, total_blocks)
-            + weights.load * lowest_best(c.inflight, inflight)
-            + weights.queue * lowest_best(c.waiting, waiting)
+            + weights.load * room_left(c.inflight, bound)
+            + weights.queue * waiting_room(c.waiting)
             + weights.kv_cache * kv_cache_room(c.kv_cache_usage)
-            + weights.spread * lowest_best(c.prefixes, prefixes)
+            + weights.spread * (1.0 if c.matched else lowest_best(c.prefixes, prefixes))
             + (weights.lora * lora_affinity(c.adapter_resident) if adapter else 0.0)
             for c in candidates}
 
@@ -206,7 +226,7 @@ def choose(candidates: Sequence[Candidate], total_blocks: int, tie_key: str, wei
     if len(candidates) == 1:
         return candidates[0].url
     kept = within_bounded_load(candidates, load_factor, min_room)
-    scored = scores(kept, total_blocks, weights, adapter)
+    scored = scores(kept, total_blocks, weights, adapter, load_bound(candidates, load_factor, min_room))
     return max(kept, key=lambda c: (round(scored[c.url], 9), rendezvous(tie_key, c.url), c.url)).url
 
 

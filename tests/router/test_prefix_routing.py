@@ -53,9 +53,21 @@ def test_the_copy_holding_the_prompt_wins_until_its_load_outweighs_it() -> None:
     holder = Candidate(COPIES[0], matched=30)
     others = [Candidate(COPIES[1]), Candidate(COPIES[2])]
     assert pr.choose([holder, *others], total_blocks=32, tie_key="k") == COPIES[0]
-    # Its engine's queue and cache are fuller, its in-flight highest: prefix (3 x 0.94) < load 2 + queue 1 + kv 1.
+    # Its engine's queue and cache are fuller, its in-flight highest: prefix 3 x 0.94 + room 2 x 2/8 + queue 1/6
+    # + kv 0.1 + spread 1 = 4.58, under an idle copy's room 2 + queue 1 + kv 1 + spread 1 = 5.
     busy = Candidate(COPIES[0], matched=30, inflight=6, waiting=5, kv_cache_usage=0.9)
     assert pr.choose([busy, *others], total_blocks=32, tie_key="k") != COPIES[0]
+
+
+def test_the_copy_holding_the_prompt_keeps_it_at_every_load_within_its_room() -> None:
+    """One request more in flight costs an eighth of the room, not the whole load score: the copy
+    holding a shared prompt keeps it up to its room (8), however many prompts it holds besides."""
+    idle = [Candidate(COPIES[1]), Candidate(COPIES[2])]
+    for inflight in range(pr.DEFAULT_MIN_ROOM):
+        holder = Candidate(COPIES[0], matched=32, inflight=inflight, kv_cache_usage=0.5, prefixes=20)
+        assert pr.choose([holder, *idle], 32, "k") == COPIES[0], inflight
+    full = Candidate(COPIES[0], matched=32, inflight=pr.DEFAULT_MIN_ROOM)
+    assert pr.choose([full, *idle], 32, "k") != COPIES[0]
 
 
 def test_a_copy_past_its_bounded_load_is_left_out_while_another_has_room() -> None:

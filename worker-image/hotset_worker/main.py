@@ -105,10 +105,9 @@ RUNNING_MARKER = ".hotset-worker-running"
 
 
 def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
-    """Every option of hotset_common.worker_settings, and the slow-client limits shared with the router."""
+    """Every option of hotset_common.worker_settings (the slow-client bounds shared with the router among them)."""
     parser = argparse.ArgumentParser(prog="hotset-worker", description="hotset's multi-framework worker pod")
     worker_settings.add_arguments(parser, env)
-    slow_clients.add_arguments(parser, env)
     return parser
 
 

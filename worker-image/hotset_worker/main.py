@@ -322,6 +322,7 @@ def build_app(settings: Settings, store: ModelStore | None = None,
         max_model_queue=settings.max_model_queue, draining=draining,
         backend_sync_s=settings.backend_sync_s, engine_loads=engine_loads,
         grpc_address=f"{settings.host}:{settings.grpc_port}" if settings.grpc_port is not None else None,
+        client_limits=settings.client_limits,
     )
 
 

@@ -5,7 +5,7 @@ connections and a client that hangs up mid-request each used to hold what
 other clients need (request slots, connections) for as long as the client
 liked. Each is now cut off with its own status and the next client is served.
 The gRPC port has the same bounds: calls past the cap, held calls, oversized
-metadata. (tests/worker/test_slow_clients.py holds the worker's own ports.)
+metadata. (tests/worker/test_worker_slow_clients.py holds the worker's own ports.)
 """
 from __future__ import annotations
 

@@ -436,7 +436,6 @@ class Pools:
         self.metrics.scaled(entry.namespace, name, current, desired)
         self.metrics.desired.labels(entry.namespace, name).set(desired)
 
-
     def _within_quota(self, entry: ModelEntry, name: str, desired: int, why: str) -> int:
         """`desired` pods of a dedicated group, as many as its namespace's quotas leave beside the
         namespace's other workloads; an event on the ServedModel when a quota holds it (once per reason)."""

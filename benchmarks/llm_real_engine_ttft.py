@@ -59,14 +59,12 @@ def write_store(folder: Path) -> Path:
 
 
 def engine_of(worker_pid: int) -> tuple[str, dict[str, str]]:
-    """The engine's URL and the headers it takes (its API key), from its command line."""
+    """The engine's URL (its command line) and the headers it takes (its API key: its environment)."""
     for child in psutil.Process(worker_pid).children(recursive=True):
         argv = child.cmdline()
         if "vllm.entrypoints.openai.api_server" in " ".join(argv) and "--port" in argv:
             port = argv[argv.index("--port") + 1]
-            key = next((a.split("=", 1)[1] for a in argv if a.startswith("--api-key=")), None)
-            if key is None and "--api-key" in argv:
-                key = argv[argv.index("--api-key") + 1]
+            key = child.environ().get("VLLM_API_KEY")
             return f"http://127.0.0.1:{port}", ({"Authorization": f"Bearer {key}"} if key else {})
     raise RuntimeError("no engine process under the worker")
 

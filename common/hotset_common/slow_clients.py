@@ -43,7 +43,9 @@ from typing import Any, Awaitable, Callable, Mapping
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from hotset_common import worker_settings
 from hotset_common.http import error_body
+from hotset_common.worker_settings import CLIENT_LIMITS, WorkerOption, default_of
 
 log = logging.getLogger(__name__)
 
@@ -56,48 +58,69 @@ App = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 @dataclasses.dataclass(frozen=True)
 class ClientLimits:
-    """How long and how much a client may take before it is cut off."""
+    """How long and how much a client may take before it is cut off. The defaults, flags and
+    variables are the worker-settings table's (``worker_settings.CLIENT_LIMITS``)."""
 
-    head_timeout_s: float = 10.0
-    max_head_bytes: int = 64 * 1024
-    body_timeout_s: float = 30.0
-    body_min_rate: int = 64 * 1024  # bytes per second that extend the body's deadline by one second
-    max_connections: int = 4096
+    head_timeout_s: float = default_of(WorkerOption.CLIENT_HEAD_TIMEOUT_S)  # type: ignore[assignment]
+    max_head_bytes: int = default_of(WorkerOption.MAX_HEAD_BYTES)  # type: ignore[assignment]
+    body_timeout_s: float = default_of(WorkerOption.CLIENT_BODY_TIMEOUT_S)  # type: ignore[assignment]
+    # bytes per second that extend the body's deadline by one second
+    body_min_rate: int = default_of(WorkerOption.CLIENT_BODY_MIN_RATE)  # type: ignore[assignment]
+    max_connections: int = default_of(WorkerOption.MAX_CONNECTIONS)  # type: ignore[assignment]
+    grpc_connection_age_s: float = default_of(WorkerOption.GRPC_CONNECTION_AGE_S)  # type: ignore[assignment]
 
     def body_deadline(self, started: float, received: int) -> float:
         return started + self.body_timeout_s + received / max(1, self.body_min_rate)
 
 
-# name on the command line, environment variable, field, type
-_OPTIONS = (
-    ("--client-head-timeout-s", "HOTSET_CLIENT_HEAD_TIMEOUT_S", "head_timeout_s", float,
-     "seconds a client has to send a request's head (line and headers), from connecting or the last answer"),
-    ("--max-head-bytes", "HOTSET_MAX_HEAD_BYTES", "max_head_bytes", int,
-     "largest request head accepted; larger: 431 and the connection closes"),
-    ("--client-body-timeout-s", "HOTSET_CLIENT_BODY_TIMEOUT_S", "body_timeout_s", float,
-     "seconds a client has to send a request's body, plus one per --client-body-min-rate bytes received"),
-    ("--client-body-min-rate", "HOTSET_CLIENT_BODY_MIN_RATE", "body_min_rate", int,
-     "bytes per second of body that extend its deadline by a second (a big body on a good link is never cut)"),
-    ("--max-connections", "HOTSET_MAX_CONNECTIONS", "max_connections", int,
-     "open connections accepted; past it: 503 with Retry-After, before anything is read"),
-)
-
-
 def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str] | None = None) -> None:
-    """The client bounds as command-line options (each defaulting to its environment variable)."""
+    """The client bounds as command-line options of a server that does not take every worker option
+    (the router), each defaulting to its environment variable; the worker has them in its table."""
     env = os.environ if env is None else env
-    defaults = ClientLimits()
     group = parser.add_argument_group("slow and idle clients")
-    for flag, variable, field, kind, text in _OPTIONS:
-        group.add_argument(flag, dest=f"client_limit_{field}", type=kind,
-                           default=kind(env.get(variable, getattr(defaults, field))), help=f"{text} (${variable})")
+    for member in CLIENT_LIMITS.values():
+        worker_settings.add_argument(group, member, env)
 
 
 def from_arguments(args: argparse.Namespace) -> ClientLimits:
-    limits = ClientLimits(**{field: getattr(args, f"client_limit_{field}") for _, _, field, _, _ in _OPTIONS})
-    if min(limits.head_timeout_s, limits.body_timeout_s) <= 0 or min(limits.max_head_bytes, limits.max_connections) < 1:
+    limits = ClientLimits(**{field: getattr(args, member.value.dest) for field, member in CLIENT_LIMITS.items()})
+    if min(limits.head_timeout_s, limits.body_timeout_s, limits.grpc_connection_age_s) <= 0 or min(
+            limits.max_head_bytes, limits.max_connections) < 1:
         raise ValueError(f"client limits must be positive: {limits}")
     return limits
+
+
+def grpc_server_options(limits: ClientLimits) -> dict[str, Any]:
+    """The same bounds for a ``grpc.aio.server``: its ``maximum_concurrent_rpcs`` and channel options.
+
+    gRPC multiplexes calls on a connection, so what an HTTP connection is to the connection cap, a
+    call is here: past ``max_connections`` calls in progress, gRPC answers RESOURCE_EXHAUSTED
+    before reading the message. The head's bounds become the connection's: metadata past
+    ``max_head_bytes`` is refused (RESOURCE_EXHAUSTED), and a connection without a call for
+    ``head_timeout_s`` is closed (GOAWAY; a client's channel reconnects on its next call). gRPC
+    has no deadline for a message to arrive, so a call held open by a message that never ends is
+    bounded by the connection's age instead: GOAWAY after ``grpc_connection_age_s``, the calls on
+    it cut off as long again later (a call of a well-behaved client starts on a new connection
+    meanwhile). Keepalive: the server pings an idle connection every ``body_timeout_s`` and drops
+    it when a ping goes ``head_timeout_s`` unanswered (a client that vanished without closing), and
+    a client pinging more often than every ``head_timeout_s`` without data is sent away after two
+    strikes (gRPC's ping-flood guard, its default interval five minutes, made explicit here)."""
+    ms = lambda seconds: max(1, int(seconds * 1000))  # noqa: E731
+    return {
+        "maximum_concurrent_rpcs": limits.max_connections,
+        "options": [
+            ("grpc.max_metadata_size", limits.max_head_bytes),
+            ("grpc.absolute_max_metadata_size", limits.max_head_bytes),
+            ("grpc.max_connection_idle_ms", ms(limits.head_timeout_s)),
+            ("grpc.max_connection_age_ms", ms(limits.grpc_connection_age_s)),
+            ("grpc.max_connection_age_grace_ms", ms(limits.grpc_connection_age_s)),
+            ("grpc.keepalive_time_ms", ms(limits.body_timeout_s)),
+            ("grpc.keepalive_timeout_ms", ms(limits.head_timeout_s)),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.min_ping_interval_without_data_ms", ms(limits.head_timeout_s)),
+            ("grpc.http2.max_ping_strikes", 2),
+        ],
+    }
 
 
 def _raw_answer(status: HTTPStatus, message: str, extra: Mapping[str, str] | None = None) -> bytes:

@@ -5,7 +5,8 @@ pods; a flag wins over its variable. Three readers use this one table: the worke
 command line from it (``hotset_worker.main``), the operator names the variables it sets through it
 (``hotset_operator.workloads``: no variable name is written twice), and docs/worker.md's table is
 generated from it (``python -m hotset_common.worker_settings``; a test keeps the two equal). The
-slow-client limits, shared with the router, are declared in ``slow_clients.py``.
+slow-client bounds (``CLIENT_LIMITS``) are options of the router too: ``hotset_common.slow_clients``
+adds the same members to its command line and turns them into the HTTP and gRPC servers' bounds.
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ class Option:
     choices: tuple[str, ...] = ()
     shown: str = ""  # the default as the docs say it, where it is not a plain value
     repeatable: bool = False  # the flag may repeat; the variable is comma-separated
+    router: bool = False  # the router takes the same flag and variable (the slow-client bounds)
 
     @property
     def dest(self) -> str:
@@ -176,6 +178,28 @@ class WorkerOption(enum.Enum):
     LOAD_TIMEOUT_S = Option("--load-timeout-s", "HOTSET_LOAD_TIMEOUT_S", "1800",
                             "longest a load's fetch of a remote source may take (a ServedModel's "
                             "loadTimeoutSeconds replaces it for that model)", type=float)
+    # Slow, idle and vanished clients (hotset_common.slow_clients; docs/security.md, "Hostile requests").
+    CLIENT_HEAD_TIMEOUT_S = Option("--client-head-timeout-s", "HOTSET_CLIENT_HEAD_TIMEOUT_S", "10",
+                                   "seconds a client has to send a request's head (line and headers), from "
+                                   "connecting or the last answer; else 408. gRPC: a connection with no call this "
+                                   "long is closed", type=float, router=True)
+    MAX_HEAD_BYTES = Option("--max-head-bytes", "HOTSET_MAX_HEAD_BYTES", "65536",
+                            "largest request head accepted; larger: 431 and the connection closes. gRPC: the "
+                            "largest metadata, else RESOURCE_EXHAUSTED", type=int, router=True)
+    CLIENT_BODY_TIMEOUT_S = Option("--client-body-timeout-s", "HOTSET_CLIENT_BODY_TIMEOUT_S", "30",
+                                   "seconds a client has to send a request's body, plus one per "
+                                   "--client-body-min-rate bytes received; else 408", type=float, router=True)
+    CLIENT_BODY_MIN_RATE = Option("--client-body-min-rate", "HOTSET_CLIENT_BODY_MIN_RATE", "65536",
+                                  "bytes per second of body that extend its deadline by a second (a big body on a "
+                                  "good link is never cut)", type=int, router=True)
+    MAX_CONNECTIONS = Option("--max-connections", "HOTSET_MAX_CONNECTIONS", "4096",
+                             "open HTTP connections accepted; past it 503 with Retry-After, before anything is "
+                             "read. gRPC: calls in progress at once; past it RESOURCE_EXHAUSTED", type=int,
+                             router=True)
+    GRPC_CONNECTION_AGE_S = Option("--grpc-connection-age-s", "HOTSET_GRPC_CONNECTION_AGE_S", "120",
+                                   "a gRPC connection is asked to go (GOAWAY) after this long, and the calls on it "
+                                   "get as long again to finish: a call held past twice this (a message that never "
+                                   "ends) is cut off", type=float, router=True)
 
     @property
     def env(self) -> str:
@@ -186,16 +210,39 @@ class WorkerOption(enum.Enum):
         return {"name": self.value.env, "value": str(value)}
 
 
+# The slow-client bounds, by their field of ``slow_clients.ClientLimits``: options of the router too.
+CLIENT_LIMITS: dict[str, WorkerOption] = {
+    "head_timeout_s": WorkerOption.CLIENT_HEAD_TIMEOUT_S,
+    "max_head_bytes": WorkerOption.MAX_HEAD_BYTES,
+    "body_timeout_s": WorkerOption.CLIENT_BODY_TIMEOUT_S,
+    "body_min_rate": WorkerOption.CLIENT_BODY_MIN_RATE,
+    "max_connections": WorkerOption.MAX_CONNECTIONS,
+    "grpc_connection_age_s": WorkerOption.GRPC_CONNECTION_AGE_S,
+}
+
+
+def default_of(member: WorkerOption) -> object:
+    """The option's default as its type reads it (for dataclasses whose defaults are the table's)."""
+    option = member.value
+    return None if option.default is None else option.type(option.default)
+
+
+def add_argument(parser: argparse.ArgumentParser | argparse._ArgumentGroup, member: WorkerOption,
+                 env: Mapping[str, str]) -> None:
+    """One option on `parser`, its default from `env` (the variable) or the table."""
+    option = member.value
+    if option.repeatable:  # the variable is split by the caller: it is the flag's fallback
+        parser.add_argument(option.flag, action="append", default=None, metavar="CLAIM=PATH",
+                            help=f"{option.help} (repeatable; ${option.env} is comma-separated)")
+        return
+    parser.add_argument(option.flag, default=env.get(option.env, option.default), type=option.type,
+                        choices=option.choices or None, help=f"{option.help} (${option.env})")
+
+
 def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
     """Every option on `parser`, its default from `env` (the variable) or the table."""
     for member in WorkerOption:
-        option = member.value
-        if option.repeatable:  # the variable is split by the caller: it is the flag's fallback
-            parser.add_argument(option.flag, action="append", default=None, metavar="CLAIM=PATH",
-                                help=f"{option.help} (repeatable; ${option.env} is comma-separated)")
-            continue
-        parser.add_argument(option.flag, default=env.get(option.env, option.default), type=option.type,
-                            choices=option.choices or None, help=f"{option.help} (${option.env})")
+        add_argument(parser, member, env)
 
 
 def markdown_table() -> str:
@@ -204,7 +251,7 @@ def markdown_table() -> str:
     for member in WorkerOption:
         option = member.value
         default = option.shown or f"`{option.default}`"
-        flag = f"`{option.flag}` (repeatable)" if option.repeatable else f"`{option.flag}`"
+        flag = f"`{option.flag}`" + (" (repeatable)" if option.repeatable else "") + (" (router too)" if option.router else "")
         rows.append(f"| {flag} | `{option.env}` | {default} | {option.help.replace('|', '/')} |")
     rows.append(DOCS_END)
     return "\n".join(rows)

@@ -94,10 +94,15 @@ class Admission:
         return {namespace: sorted(names) for namespace, names in found.items()}
 
 
+def pod_gpus(config: OperatorConfig) -> int:
+    """The GPUs one worker pod holds (its worker's and its Triton sidecar's)."""
+    return 0 if config.gpu_mode is GpuMode.NONE else config.gpus_per_pod + config.triton_gpus
+
+
 def usage_of(spec: ModelSpec, config: OperatorConfig) -> Usage:
     """The most one model can take: its maximum copies, their bytes and their GPUs."""
     copies = spec.replicas.max
-    gpus_per_pod = 0 if config.gpu_mode is GpuMode.NONE else config.gpus_per_pod + config.triton_gpus
+    gpus_per_pod = pod_gpus(config)
     if spec.placement is Placement.DEDICATED:
         gpus = float(copies * gpus_per_pod)
     else:

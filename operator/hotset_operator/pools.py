@@ -13,6 +13,12 @@ One pass:
    changed;
 3. **each dedicated group**: ``replicas.min..max`` pods from its own
    reports, none once a min-0 group has been idle;
+
+   both held within their namespace's ModelQuota (``quota_bounds``): a
+   pool's wanted copies, a namespace pool's pods (their GPUs) and a
+   dedicated group's pods grow only into what the quota leaves, and the
+   WorkerPool's ``status.reason`` (a dedicated group: an event on its
+   ServedModel) says when a quota held them;
 4. **each namespace with worker pods**: its source-credentials Secret
    (``credentials.py``), gathered again only when a model that names
    credentials came, changed or went, or the Secrets' reads expired, and
@@ -51,8 +57,10 @@ from hotset_common.spec import ModelSpec
 from hotset_common.worker_ownership import WorkerTrust
 from hotset_common.wire import WorkerStatus
 from hotset_common.worker_identity import BearerToken, WorkerIdentity
-from hotset_operator import autoscaler, credentials, demand, drain, index, kinds, kube, workers, workloads
+from hotset_operator import autoscaler, credentials, demand, drain, index, kinds, kube, quota_bounds, workers, workloads
+from hotset_operator.admission import pod_gpus
 from hotset_operator.config import Autoscaling, OperatorConfig, PoolMode
+from hotset_operator.dedicated import model_ref
 from hotset_operator.fleet import Fleet
 from hotset_operator.index import DeploymentEntry, ModelEntry, PoolEntry, WorkerPod
 from hotset_operator.metrics import OperatorMetrics
@@ -63,6 +71,7 @@ from hotset_operator.writes import Writes
 log = logging.getLogger(__name__)
 DRAIN_COST = "-1000"  # pod-deletion-cost of a drained pod: lower than every other pod's (default 0)
 REAPPLY_S = 60.0  # re-apply an unchanged manifest this often (someone may have edited it)
+QUOTA_HELD = "QuotaHeldScaling"  # the event of a dedicated group its namespace's ModelQuota holds below demand
 POOL_OWNERS = 8  # a namespace pool is owned by its oldest shared models, at most this many (see pool_owners)
 KEYS_REFRESH_S = 300.0  # the cluster's ServiceAccount keys are read again this often (they rotate rarely)
 KEYS_RETRY_S = 10.0  # ... and this soon after a read failed
@@ -95,6 +104,8 @@ class Pools:
         self._refused: dict[tuple[str, str], str] = {}  # labelled pods that are not workers -> why (logged once)
         self.credentials = credentials.CredentialGatherer(kube_api, clock=clock)
         self._gathered: dict[str, tuple[int, float, dict[str, str]]] = {}  # namespace -> (version, when, data)
+        self.ledger = quota_bounds.Ledger({})  # what each namespace's workloads take of its quotas (this pass)
+        self._quota_held: dict[tuple[str, str], str] = {}  # dedicated group -> why its quota holds it (evented once)
 
     async def close(self) -> None:
         await self._http.aclose()
@@ -155,6 +166,7 @@ class Pools:
         pools = [pool for pool in sorted(index.values(self.indexes["worker_pools"]), key=lambda p: p.namespace)
                  if self.is_managed(pool)]
         dedicated = list(self.models.dedicated_models())
+        self.ledger = self.new_ledger(dedicated)
         owners: dict[str, list[dict[str, Any]]] = defaultdict(list)  # namespace -> who its Secrets go with
         for pool in pools:
             owners[pool.namespace].append(pool.owner)
@@ -192,6 +204,20 @@ class Pools:
                                                owners[namespace] if namespace != self.config.namespace else self.owners)
             if keys is not None:
                 await self._apply_if_changed(("issuer-keys", namespace), keys, self.kube.apply_config_map)
+
+    def new_ledger(self, dedicated: list[ModelEntry]) -> quota_bounds.Ledger:
+        """This pass's ledger of quota use: every dedicated group as it runs now, with its
+        replicas.min as its floor (the pools, decided first, grow only beside those)."""
+        ledger = quota_bounds.Ledger(index.quotas(self.models.model_quotas))
+        for entry in dedicated:
+            if entry.spec is None or not ledger.limited(entry.namespace):
+                continue
+            name = workloads.dedicated_name(entry.spec.id)
+            deployment = index.one(self.indexes["managed_deployments"], (entry.namespace, name))
+            unit = quota_bounds.dedicated_unit(entry.spec, pod_gpus(self.config))
+            ledger.hold(entry.namespace, ("dedicated", name), quota_bounds.times(unit, deployment.replicas if deployment else 0),
+                        quota_bounds.times(unit, entry.spec.replicas.min))
+        return ledger
 
     # --- source credentials -------------------------------------------------------------------
 
@@ -286,6 +312,9 @@ class Pools:
         pool_reports = self.fleet.reports_in(pool.namespace, pool_pods)
         wants = demand.pool_wants(specs, pool_reports, self._wanted_at(specs), self.memories[(pool.namespace, pool.name)],
                                   self.wall(), config.target_inflight_per_copy, config.queue_wait_s)
+        own_pods = config.pool_mode is PoolMode.NAMESPACE  # its pods (and their GPUs) are its namespace's
+        unit = quota_bounds.copy_unit(config.pod_memory_budget, pod_gpus(config), gpus_with_copies=not own_pods)
+        wants, held_by_quota = self.ledger.trim_wants(wants, specs, ("copies", pool.name), unit)
         target = autoscaler.pool_target(wants, config.pod_memory_budget, pool.min_pods, pool.max_pods)
         if target.reason != self._reasons.get(pool.namespace):
             self._reasons[pool.namespace] = target.reason
@@ -297,13 +326,25 @@ class Pools:
             desired, left = self.stabilizer.settle(("pool", pool.namespace, pool.name), target.pods, current)
             if left > 0:
                 reason += f"; holding {current} pods {left:.0f}s more before shrinking to {target.pods}"
-            if pool.replicas != desired:
-                await asyncio.to_thread(self.kube.scale_custom, pool.namespace, pool.name, kinds.WORKER_POOLS, desired)
         else:
             asked = pool.replicas if pool.replicas is not None else target.floor
             desired = min(max(asked, target.floor, pool.min_pods), pool.max_pods)
             reason = f"external autoscaler asks {asked} pods (floor {target.floor}: min copies and held requests); {reason}"
+        if own_pods and pod_gpus(config):  # a namespace pool's pods hold its namespace's GPUs
+            pod = quota_bounds.pod_unit(pod_gpus(config))
+            cap = self.ledger.most(pool.namespace, ("pods", pool.name), pod, desired, "pods")
+            if cap.allowed < desired:
+                desired = cap.allowed
+                held_by_quota.append(cap.reason)
+        if held_by_quota:
+            reason += "; held by quota: " + "; ".join(held_by_quota)
+        if pool.autoscaling is Autoscaling.OPERATOR and pool.replicas != desired:
+            await asyncio.to_thread(self.kube.scale_custom, pool.namespace, pool.name, kinds.WORKER_POOLS, desired)
         step = await self.step_pool(pool, pool_pods, pool_reports, specs, current if deployment else desired, desired)
+        if own_pods and pod_gpus(config):  # what its pods take until the drained ones are gone
+            pod = quota_bounds.pod_unit(pod_gpus(config))
+            self.ledger.hold(pool.namespace, ("pods", pool.name), quota_bounds.times(pod, max(step.replicas, desired)),
+                             quota_bounds.times(pod, min(target.floor, desired)))
         # The sidecar and image volumes follow the pool's models: its pods roll when its first Triton
         # model (auto) or a new oci:// source arrives, and when the last goes.
         manifest = workloads.build_pool_deployment(
@@ -383,6 +424,7 @@ class Pools:
         current = deployment.replicas
         delay = 0.0 if target == 0 else None  # idle time was the delay of scaling to zero
         desired, _ = self.stabilizer.settle(("dedicated", entry.namespace, name), target, current, delay)
+        desired = self._within_quota(entry, name, desired, why)
         if desired == current:
             return
         if desired < current and own:
@@ -393,6 +435,29 @@ class Pools:
         log.info("dedicated group %s/%s: %d -> %d pods (%s)", entry.namespace, name, current, desired, why)
         self.metrics.scaled(entry.namespace, name, current, desired)
         self.metrics.desired.labels(entry.namespace, name).set(desired)
+
+    def _within_quota(self, entry: ModelEntry, name: str, desired: int, why: str) -> int:
+        """`desired` pods of a dedicated group, as many as its namespace's quotas leave beside the
+        namespace's other workloads; an event on the ServedModel when a quota holds it (once per reason)."""
+        assert entry.spec is not None
+        unit = quota_bounds.dedicated_unit(entry.spec, pod_gpus(self.config))
+        cap = self.ledger.most(entry.namespace, ("dedicated", name), unit, desired, "pods")
+        key = (entry.namespace, name)
+        if cap.allowed < desired:
+            if self._quota_held.get(key) != cap.reason:
+                self._quota_held[key] = cap.reason
+                log.info("dedicated group %s/%s: %d pods, not %d (%s): %s", entry.namespace, name, cap.allowed, desired,
+                         why, cap.reason)
+                self.writes.event(model_ref(entry), "Warning", QUOTA_HELD,
+                                  f"dedicated group held at {cap.allowed} pods where demand asks {desired} ({why}): "
+                                  f"{cap.reason}")
+            desired = cap.allowed
+        else:
+            self._quota_held.pop(key, None)
+        if self.ledger.limited(entry.namespace):
+            self.ledger.hold(entry.namespace, ("dedicated", name), quota_bounds.times(unit, desired),
+                             quota_bounds.times(unit, min(entry.spec.replicas.min, desired)))
+        return desired
 
 
 def _recently(at: float, now: float, within_s: float) -> bool:

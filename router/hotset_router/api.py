@@ -25,6 +25,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from hotset_common import errors, wire
 from hotset_common.http import error_body, install_error_handler
+from hotset_common.slow_clients import ClientLimits
 from hotset_common.spec import DEFAULT_SERVING_WEIGHT
 from hotset_router import grpc_gateway
 from hotset_router.flood import FloodGuard, Limits
@@ -66,10 +67,12 @@ def passed_response(upstream: UpstreamResponse) -> Response:
 
 
 def create_app(service: RouterService, admin_token: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-               limits: Limits | None = None, grpc_address: str | None = None) -> NamespacedPaths:
+               limits: Limits | None = None, grpc_address: str | None = None,
+               client_limits: ClientLimits | None = None) -> NamespacedPaths:
     """The gateway: the inference routes in plain ASGI (openai_asgi.py, inference_asgi.py) in front of a
     FastAPI app for the rest; with `grpc_address` (host:port), OIP v2 over gRPC there too
-    (grpc_gateway.py), started and stopped with the app."""
+    (grpc_gateway.py), started and stopped with the app, its clients bounded by `client_limits`
+    as the HTTP port's are."""
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await service.start()
@@ -87,7 +90,7 @@ def create_app(service: RouterService, admin_token: str | None = None, max_body_
     async def start_grpc() -> grpc.aio.Server:
         assert grpc_address is not None
         server, port = grpc_gateway.create_server(GrpcGateway(service, guard, grpc_client, admin_token), grpc_address,
-                                                  max_body_bytes)
+                                                  max_body_bytes, client_limits)
         await server.start()
         logging.getLogger(__name__).info("OIP v2 over gRPC on port %d", port)
         return server

@@ -33,7 +33,8 @@ from typing import Awaitable, Callable
 
 import grpc
 
-from hotset_common import errors, grpc_wire, wire
+from hotset_common import errors, grpc_wire, slow_clients, wire
+from hotset_common.slow_clients import ClientLimits
 from hotset_router import protowire
 from hotset_router.flood import FloodGuard
 from hotset_router.forwarding import nothing_more
@@ -194,11 +195,16 @@ async def _abort(context: grpc.aio.ServicerContext, exc: errors.HotsetError) -> 
     await context.abort(code, message, trailing_metadata=trailers)
 
 
-def create_server(gateway: GrpcGateway, address: str, max_message_bytes: int) -> tuple[grpc.aio.Server, int]:
-    """A grpc.aio server of `gateway` bound to `address` (host:port; port 0: a free one), not yet started."""
-    server = grpc.aio.server(options=[("grpc.max_receive_message_length", max_message_bytes),
+def create_server(gateway: GrpcGateway, address: str, max_message_bytes: int,
+                  limits: ClientLimits | None = None) -> tuple[grpc.aio.Server, int]:
+    """A grpc.aio server of `gateway` bound to `address` (host:port; port 0: a free one), not yet
+    started; its clients bounded by the HTTP port's `limits` (``slow_clients.grpc_server_options``:
+    calls in progress, metadata size, idle and aged connections, keepalive pings)."""
+    bounds = slow_clients.grpc_server_options(limits or ClientLimits())
+    server = grpc.aio.server(maximum_concurrent_rpcs=bounds["maximum_concurrent_rpcs"],
+                             options=[("grpc.max_receive_message_length", max_message_bytes),
                                       ("grpc.max_send_message_length", -1),
-                                      ("grpc.so_reuseport", 0)])
+                                      ("grpc.so_reuseport", 0), *bounds["options"]])
     server.add_generic_rpc_handlers((gateway.handler(),))
     port = server.add_insecure_port(address)
     if port == 0:

@@ -210,11 +210,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     grpc_port = args.grpc_port.strip()
     if grpc_port and not grpc_port.isdigit():
         raise SystemExit(f"hotset-router: --grpc-port must be a port number or empty, got {args.grpc_port!r}")
+    client_limits = slow_clients.from_arguments(args)
     app = create_app(service, args.admin_token, quantity.parse_bytes(args.max_body_bytes), limits,
-                     grpc_address=f"{args.host}:{grpc_port}" if grpc_port else None)
+                     grpc_address=f"{args.host}:{grpc_port}" if grpc_port else None, client_limits=client_limits)
     # timeout_graceful_shutdown: on SIGTERM, requests in flight get this long to finish.
     uvicorn.run(host=args.host, port=args.port, log_level=args.log_level.lower(), access_log=False,
-                timeout_graceful_shutdown=30, **slow_clients.serve_options(app, slow_clients.from_arguments(args)))
+                timeout_graceful_shutdown=30, **slow_clients.serve_options(app, client_limits))
 
 
 if __name__ == "__main__":

@@ -8,8 +8,8 @@ hotset uses: ``/health``, ``/v1/models``, completions and chat
 completions (streamed or whole), and runtime LoRA loading
 (``/v1/load_lora_adapter``, ``/v1/unload_lora_adapter``, refused unless
 ``--enable-lora`` and ``VLLM_ALLOW_RUNTIME_LORA_UPDATING`` are set, as vLLM
-refuses them). Given ``--api-key``, its ``/v1`` routes answer 401 without
-that key, as vLLM's do; ``/health`` stays open. It loads no weights: its "tokens" are the words of a fixed
+refuses them). Given ``--api-key`` (or ``VLLM_API_KEY``, as vLLM reads it),
+its ``/v1`` routes answer 401 without that key, as vLLM's do; ``/health`` stays open. It loads no weights: its "tokens" are the words of a fixed
 text, produced ``--standin-token-delay-s`` seconds apart (a paced
 generator whose gaps a benchmark can compare), prefixed with the LoRA
 adapter's name when one is asked for. ``GET /standin/state`` says how it was
@@ -50,7 +50,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--enable-lora", action="store_true")
     p.add_argument("--max-loras", type=int, default=1)
-    p.add_argument("--api-key", default="")
+    p.add_argument("--api-key", default=os.environ.get("VLLM_API_KEY", ""))  # vLLM's: the flag, else the variable
     # The stand-in's own flags (a test puts them in the worker's --vllm-command):
     p.add_argument("--standin-token-delay-s", type=float, default=0.005, help="seconds between two tokens")
     p.add_argument("--standin-start-delay-s", type=float, default=0.0, help="a slow start (weights, CUDA graphs)")

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from hotset_common.spec import ModelSpec
 from hotset_common.wire import CopyState, ModelCopy, WaitingModel, WorkerStatus
-from hotset_operator import autoscaler, demand, drain
+from hotset_operator import autoscaler, demand, drain, quota_bounds
+from hotset_operator.index import Quota
 from hotset_operator.pool import Want
 
 GI = 2**30
@@ -155,3 +156,53 @@ def test_a_pod_still_starting_goes_before_any_drain_and_growth_cancels_drains():
     pods = [pool_pod("p1", copy("a"), draining=1.0), pool_pod("p2")]
     step = drain.plan(pods, current=2, target=3, specs={"a": spec("a")}, now=0.0, drain_timeout_s=60)
     assert (step.replicas, step.undrain) == (3, ("p1",))
+
+
+# ----- held within the namespace's ModelQuota (quota_bounds.py) -----------------------------------
+
+def quota(namespace: str = "team", **limits) -> Quota:
+    return Quota(namespace=namespace, name="q", **limits)
+
+
+def in_namespace(model: ModelSpec, namespace: str = "team") -> ModelSpec:
+    return model.model_copy(update={"source_options": model.source_options.model_copy(update={"namespace": namespace})})
+
+
+def test_a_namespace_pools_pods_take_only_the_gpus_its_quota_leaves_beside_its_dedicated_floors():
+    """Three copies of 60% of a pod are 1.8 GPUs of shares (what admission counts) but three pods."""
+    ledger = quota_bounds.Ledger({"team": [quota(gpus=3)]})
+    solo = in_namespace(spec("solo", min_copies=1, max_copies=1))
+    unit = quota_bounds.dedicated_unit(solo, pod_gpus=1)
+    ledger.hold("team", ("dedicated", "solo-dedicated"), quota_bounds.times(unit, 0), quota_bounds.times(unit, 1))
+    cap = ledger.most("team", ("pods", "hotset-pool"), quota_bounds.pod_unit(1), 3, "pods")
+    assert cap.allowed == 2
+    assert "ModelQuota q of namespace team allows 3 GPUs" in cap.reason and "room for 2 pods (of 3 wanted)" in cap.reason
+    ledger.hold("team", ("pods", "hotset-pool"), quota_bounds.times(quota_bounds.pod_unit(1), 2))
+    assert ledger.most("team", ("dedicated", "solo-dedicated"), unit, 1, "pods") == quota_bounds.Cap(1)  # its floor
+    assert ledger.most("other", ("pods", "hotset-pool"), quota_bounds.pod_unit(1), 9, "pods").allowed == 9  # no quota
+
+
+def test_a_dedicated_group_grows_only_into_what_the_others_leave():
+    ledger = quota_bounds.Ledger({"team": [quota(gpus=4, copies=10)]})
+    big = in_namespace(spec("big", min_copies=0, max_copies=3))
+    ledger.hold("team", ("pods", "hotset-pool"), quota_bounds.times(quota_bounds.pod_unit(1), 3))
+    cap = ledger.most("team", ("dedicated", "big-dedicated"), quota_bounds.dedicated_unit(big, 1), 3, "pods")
+    assert cap.allowed == 1 and "its other workloads take 3 GPUs" in cap.reason
+
+
+def test_wanted_copies_past_the_quota_are_left_out_extras_first():
+    """A quota lowered below what demand asks (admission's next pass has not refused a model yet)."""
+    specs = {m: in_namespace(spec(m, 1)) for m in "ab"}
+    specs["c"] = in_namespace(spec("c", 1), "elsewhere")
+    wants = [Want("a", GI, 3, "busy", required=1), Want("b", GI, 1, "min", required=1), Want("c", GI, 5, "busy")]
+    ledger = quota_bounds.Ledger({"team": [quota(copies=3)]})
+    kept, why = ledger.trim_wants(wants, specs, ("copies", "hotset-pool"),
+                                  quota_bounds.copy_unit(4 * GI, 0, gpus_with_copies=True))
+    assert [(w.model, w.copies) for w in kept] == [("a", 2), ("b", 1), ("c", 5)]  # a's extra copy went; c has no quota
+    assert why == ["1 wanted copies of namespace team left out: ModelQuota q allows 3 copies, and its workloads "
+                   "would take 4 copies with them"]
+    assert ledger.others("team", ("dedicated", "x")).copies == 3  # what the pool's copies now take
+    memory = quota_bounds.Ledger({"team": [quota(memory=GI)]})
+    kept, _ = memory.trim_wants(wants[:2], specs, ("copies", "hotset-pool"),
+                                quota_bounds.copy_unit(4 * GI, 0, gpus_with_copies=True))
+    assert [(w.model, w.copies, w.required) for w in kept] == [("a", 1, 1)]  # required copies go last (ties: by name)

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from gateway_helpers import BALLAST_LAUNCHER, local_stack, loads, wait_for, worker_metric, write_ballast_store
+from hotset_common import labels
 from hotset_testing.grpc_clients import fp32_input, grpc_client, refusal
 from hotset_testing.processes import free_port
 from test_cluster_discovery import STAND_IN_ARGS, free_port_on, make_pod, set_ready
@@ -218,6 +219,62 @@ def test_a_namespace_over_its_modelquota_rate_gets_429_and_other_namespaces_are_
     finally:
         custom.delete_namespaced_custom_object(GROUP, VERSION, "tenant-a", "modelquotas", "rate")
     wait_for(lambda: predict(router.url, "alpha", app_token).status_code == 200, "no limit once the quota goes", 30)
+
+
+def wake_mark(custom, namespace: str, model: str) -> str | None:
+    """The router's wake annotation on a ServedModel (labels.WANTED_AT): what scales a min-0 group up."""
+    body = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "servedmodels", model)
+    return (body["metadata"].get("annotations") or {}).get(labels.WANTED_AT)
+
+
+def test_a_caller_without_the_grant_cannot_wake_another_namespaces_min_zero_dedicated_group(
+        authenticated_router, tenants, api):
+    """tenant-b's min-0 dedicated model has no pod: a request for it would be held while the router
+    asks the operator for one (the wanted-at annotation the operator scales the group up on). A
+    caller without the grant is refused before that: 403, no annotation, and so no scale-up; a
+    caller with it does leave the annotation (the check would see a wake)."""
+    from kubernetes import client
+
+    router, worker, grpc_address = authenticated_router
+    core, rbac = tenants
+    custom = client.CustomObjectsApi(api)
+    custom.create_namespaced_custom_object(GROUP, VERSION, "tenant-b", "servedmodels", {
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": "ServedModel", "metadata": {"name": "gamma"},
+        "spec": {"framework": "torchvision", "task": "tensor", "source": {"uri": "pvc://models/gamma"},
+                 "memory": "2Mi", "placement": "dedicated", "replicas": {"min": 0, "max": 2}}})
+    core.create_namespaced_service_account("tenant-a", {"metadata": {"name": "stranger"}})
+    try:
+        stranger = token(core, "tenant-a", "stranger", ["hotset"])
+        wait_for(lambda: httpx.get(f"{router.url}/v2/models/gamma/ready", timeout=10,
+                                   headers={"Authorization": f"Bearer {stranger}"}).status_code == 403 or None,
+                 "gamma to reach the router", 20)
+        for sent in (None, stranger):
+            answer = predict(router.url, "gamma", sent)
+            assert answer.status_code == (401 if sent is None else 403), answer.text
+        answer = predict(router.url, "gamma", stranger, prefix="/namespaces/tenant-b")
+        assert answer.status_code == 403 and "servedmodels/predict" in answer.json()["detail"], answer.text
+        with grpc_client(grpc_address) as grpc_caller:
+            tensor = [fp32_input(np.array([1.0], dtype=np.float32))]
+            metadata = {"authorization": f"Bearer {stranger}"}
+            assert "PERMISSION_DENIED" in str(refusal(lambda: grpc_caller.infer("gamma", tensor, headers=metadata)).status())
+        assert wake_mark(custom, "tenant-b", "gamma") is None  # nothing asked the operator for a pod
+        assert worker_metric(router.url, "hotset_router_pod_waits_total", model="gamma") == 0
+
+        # a caller tenant-b grants is held for a pod, and the router asks for one: the annotation appears
+        bind(rbac, "tenant-b", "stranger", "tenant-a", "stranger-calls-tenant-b")
+
+        def held() -> httpx.Response | None:
+            answer = httpx.post(f"{router.url}/predict", json={"model_id": "gamma", "input_data": [2]}, timeout=30,
+                                headers={"Authorization": f"Bearer {stranger}", "X-Hotset-Timeout": "2"})
+            return answer if answer.status_code == 503 else None
+        answer = wait_for(held, "the grant to take", 30)
+        assert "no pod of 'gamma' is ready yet" in answer.json()["detail"], answer.text
+        wait_for(lambda: wake_mark(custom, "tenant-b", "gamma"), "the router's wake annotation", 10)
+    finally:
+        custom.delete_namespaced_custom_object(GROUP, VERSION, "tenant-b", "servedmodels", "gamma")
+        core.delete_namespaced_service_account("stranger", "tenant-a")
+        with contextlib.suppress(client.ApiException):
+            rbac.delete_namespaced_role_binding("stranger-calls-tenant-b", "tenant-b")
 
 
 CORP_AUDIENCE = "corp-gateway"

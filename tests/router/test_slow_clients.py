@@ -4,18 +4,25 @@ A trickled body, a head that never ends, an oversized head, too many open
 connections and a client that hangs up mid-request each used to hold what
 other clients need (request slots, connections) for as long as the client
 liked. Each is now cut off with its own status and the next client is served.
+The gRPC port has the same bounds: calls past the cap, held calls, oversized
+metadata. (tests/worker/test_worker_slow_clients.py holds the worker's own ports.)
 """
 from __future__ import annotations
 
+import asyncio
 import socket
 import time
 
+import grpc
 import httpx
 import pytest
+from tritonclient.grpc import service_pb2 as pb
 
 from gateway_helpers import worker_metric, write_ballast_store
+from hotset_common import grpc_wire
 from hotset_common.metrics import INFLIGHT_REQUESTS
 from hotset_testing.polling import wait_for
+from hotset_testing.processes import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -126,3 +133,83 @@ def test_a_client_that_hangs_up_gives_its_router_slot_back_at_once(stack) -> Non
     # The worker keeps its threads' requests in flight until they finish (dataplane._run: the model stays
     # held while a thread uses it); the router's slots came back without waiting for those answers.
     assert time.monotonic() - started < 3, "the slots came back only with the 6 s answers"
+
+
+# ----- the gRPC port: the same bounds, as gRPC spells them (slow_clients.grpc_server_options) -----
+
+GRPC_CAP = 4  # --max-connections: calls in progress on the gRPC port
+GRPC_HEAD_BYTES = 4096  # --max-head-bytes: below gRPC's own metadata defaults (8 KiB soft, 16 KiB hard)
+GRPC_AGE_S = 2.0
+
+
+@pytest.fixture(scope="module")
+def grpc_router(stack, module_procs):
+    """A second router on the stack's worker, serving gRPC with small bounds; (router, gRPC address)."""
+    worker, _ = stack
+    port = free_port()
+    router = module_procs.router([worker], args=[
+        "--grpc-port", str(port), "--max-connections", str(GRPC_CAP), "--max-head-bytes", str(GRPC_HEAD_BYTES),
+        "--grpc-connection-age-s", str(GRPC_AGE_S)])
+    return router, f"127.0.0.1:{port}"
+
+
+async def _never():
+    """A request message that never comes: the call is held open, as a trickled body holds a connection."""
+    await asyncio.Event().wait()
+    yield b""  # pragma: no cover
+
+
+def _live(channel: grpc.aio.Channel):
+    return channel.unary_unary(f"/{grpc_wire.SERVICE}/ServerLive", request_serializer=pb.ServerLiveRequest.SerializeToString,
+                               response_deserializer=pb.ServerLiveResponse.FromString)
+
+
+def test_grpc_calls_past_the_cap_are_resource_exhausted_while_http_is_served(grpc_router) -> None:
+    router, address = grpc_router
+
+    async def scenario() -> None:
+        async with grpc.aio.insecure_channel(address) as other:
+            live = _live(other)
+            assert (await live(pb.ServerLiveRequest(), timeout=10)).live
+            flood = grpc.aio.insecure_channel(address)
+            held = [flood.stream_unary(f"/{grpc_wire.SERVICE}/ModelInfer")(_never()) for _ in range(GRPC_CAP)]
+            await asyncio.sleep(0.5)  # they reach the router (nothing to poll: they have no answer yet)
+            with pytest.raises(grpc.aio.AioRpcError) as past:
+                await live(pb.ServerLiveRequest(), timeout=10)
+            assert past.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, past.value
+            assert (await asyncio.to_thread(predict, router.url)).status_code == 200  # HTTP meanwhile
+            await flood.close()  # the flood hangs up: its places come back at once
+            await asyncio.gather(*held, return_exceptions=True)
+            assert (await live(pb.ServerLiveRequest(), timeout=10)).live
+
+    asyncio.run(scenario())
+
+
+def test_held_grpc_calls_are_cut_off_by_their_connection_age(grpc_router) -> None:
+    _, address = grpc_router
+
+    async def scenario() -> None:
+        async with grpc.aio.insecure_channel(address) as flood:
+            started = time.monotonic()
+            held = [flood.stream_unary(f"/{grpc_wire.SERVICE}/ModelInfer")(_never()) for _ in range(GRPC_CAP)]
+            ended = await asyncio.gather(*held, return_exceptions=True)
+            assert time.monotonic() - started < 2 * GRPC_AGE_S + 3
+            assert all(isinstance(e, grpc.aio.AioRpcError) and e.code() == grpc.StatusCode.UNAVAILABLE
+                       for e in ended), ended
+
+    asyncio.run(scenario())
+
+
+def test_grpc_metadata_past_the_head_limit_is_refused(grpc_router) -> None:
+    _, address = grpc_router
+
+    async def scenario() -> None:
+        async with grpc.aio.insecure_channel(address) as channel:
+            with pytest.raises(grpc.aio.AioRpcError) as big:
+                await _live(channel)(pb.ServerLiveRequest(), timeout=10,
+                                     metadata=(("x-filler", "a" * (GRPC_HEAD_BYTES + 1000)),))
+            assert big.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "metadata" in big.value.details()
+            assert (await _live(channel)(pb.ServerLiveRequest(), timeout=10,
+                                         metadata=(("x-filler", "a" * (GRPC_HEAD_BYTES // 2)),))).live
+
+    asyncio.run(scenario())

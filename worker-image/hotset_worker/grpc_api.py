@@ -24,7 +24,11 @@ encoding are gRPC's own (grpc_codec.py). Choices worth knowing:
 - with a caller check (callers.py), every call but ServerLive and ServerReady
   (the probes) needs ``authorization: Bearer <token>`` metadata, as over HTTP;
 - messages up to the worker's body limit (``--max-body-bytes``); past it,
-  gRPC itself answers RESOURCE_EXHAUSTED.
+  gRPC itself answers RESOURCE_EXHAUSTED;
+- the HTTP port's slow-client bounds, as gRPC spells them
+  (``slow_clients.grpc_server_options``): calls in progress capped
+  (RESOURCE_EXHAUSTED past it), metadata capped, idle connections closed,
+  connections aged out, keepalive pings enforced.
 """
 from __future__ import annotations
 
@@ -35,7 +39,8 @@ import grpc
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
-from hotset_common import errors, grpc_wire, wire
+from hotset_common import errors, grpc_wire, slow_clients, wire
+from hotset_common.slow_clients import ClientLimits
 from hotset_worker import grpc_codec
 from hotset_worker.callers import CallerCheck
 from hotset_worker.dataplane import DataPlane
@@ -152,12 +157,16 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         raise AssertionError("unreachable: abort raises")
 
 
-def create_server(service: InferenceService, address: str, max_message_bytes: int) -> tuple[grpc.aio.Server, int]:
+def create_server(service: InferenceService, address: str, max_message_bytes: int,
+                  limits: ClientLimits | None = None) -> tuple[grpc.aio.Server, int]:
     """A grpc.aio server of `service` bound to `address` (host:port; port 0: a free one), not yet
-    started; and the port it bound. Messages past `max_message_bytes` are refused by gRPC itself."""
-    server = grpc.aio.server(options=[("grpc.max_receive_message_length", max_message_bytes),
+    started; and the port it bound. Messages past `max_message_bytes` are refused by gRPC itself,
+    and clients are bounded by the HTTP port's `limits` (``slow_clients.grpc_server_options``)."""
+    bounds = slow_clients.grpc_server_options(limits or ClientLimits())
+    server = grpc.aio.server(maximum_concurrent_rpcs=bounds["maximum_concurrent_rpcs"],
+                             options=[("grpc.max_receive_message_length", max_message_bytes),
                                       ("grpc.max_send_message_length", -1),
-                                      ("grpc.so_reuseport", 0)])
+                                      ("grpc.so_reuseport", 0), *bounds["options"]])
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(service, server)
     port = server.add_insecure_port(address)
     if port == 0:

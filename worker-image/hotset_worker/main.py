@@ -105,10 +105,9 @@ RUNNING_MARKER = ".hotset-worker-running"
 
 
 def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
-    """Every option of hotset_common.worker_settings, and the slow-client limits shared with the router."""
+    """Every option of hotset_common.worker_settings (the slow-client bounds shared with the router among them)."""
     parser = argparse.ArgumentParser(prog="hotset-worker", description="hotset's multi-framework worker pod")
     worker_settings.add_arguments(parser, env)
-    slow_clients.add_arguments(parser, env)
     return parser
 
 
@@ -323,6 +322,7 @@ def build_app(settings: Settings, store: ModelStore | None = None,
         max_model_queue=settings.max_model_queue, draining=draining,
         backend_sync_s=settings.backend_sync_s, engine_loads=engine_loads,
         grpc_address=f"{settings.host}:{settings.grpc_port}" if settings.grpc_port is not None else None,
+        client_limits=settings.client_limits,
     )
 
 

@@ -23,10 +23,13 @@ What an engine is started with, beyond the model's own flags:
 - **Usage statistics off** (``VLLM_NO_USAGE_STATS``, ``DO_NOT_TRACK``): vLLM
   reports each engine start to its usage service unless told not to, and a
   platform must not phone home on its users' behalf.
-- **An API key of its own** (``--api-key``, a fresh secret per engine): the
-  engine listens on loopback, but every container in the pod shares it, and
-  runtime LoRA loading is on; only the worker, which holds the key, may call
-  its ``/v1`` routes.
+- **An API key of its own** (a fresh secret per engine): the engine listens
+  on loopback, but every container in the pod shares it, and runtime LoRA
+  loading is on; only the worker, which holds the key, may call its ``/v1``
+  routes. It goes in the engine's environment (``VLLM_API_KEY``, which vLLM
+  reads where ``--api-key`` is not given), not on its command line: any
+  process of the pod may read another's ``/proc/<pid>/cmdline``, while its
+  ``environ`` is readable by the same user (and root) only.
 - **Cores of its own on CPU** (``VLLM_CPU_OMP_THREADS_BIND``): vLLM's CPU
   build binds its compute threads to cores starting at core 0 unless told
   which, so two engines on one pod would share the same cores and halve each
@@ -91,6 +94,7 @@ ENGINE_ENVIRONMENT = {
     "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",  # adapters load into a running base (behind the engine's key)
     "HF_HUB_OFFLINE": "1",  # weights come from the worker's sources, never from the hub at engine start
 }
+API_KEY_VARIABLE = "VLLM_API_KEY"  # vLLM's own: its key where --api-key is not given (never on a command line)
 PROBE_TIMEOUT_S = 120.0  # a first token on CPU, or after CUDA graph capture
 
 
@@ -268,15 +272,14 @@ class VllmEngines:
 
     def _start(self, spec: ModelSpec, folder: Path, engine_flags: Sequence[str]) -> Engine:
         port = _free_port()
-        api_key = secrets.token_hex(24)  # hex: a key starting with "-" would read as a flag to argparse
+        api_key = secrets.token_hex(24)
         # A canary version's engine answers to the model's own name too (the body the client sent
         # names it), and names it first, so that its answers say the model that was asked for.
         names = [spec.variant_of, spec.id] if spec.variant_of else [spec.id]
         argv = [*self.command, "--model", str(folder), "--served-model-name", *names,
                 "--host", "127.0.0.1", "--port", str(port), *engine_flags]
-        log.info("starting the vLLM engine of %s: %s", spec.id, shlex.join(argv))  # before the key joins it
-        argv.append(f"--api-key={api_key}")
-        env = {**os.environ, **self.environment, **ENGINE_ENVIRONMENT}
+        log.info("starting the vLLM engine of %s: %s", spec.id, shlex.join(argv))
+        env = {**os.environ, **self.environment, **ENGINE_ENVIRONMENT, API_KEY_VARIABLE: api_key}
         core_key = f"{spec.id}@{port}"
         if self.cpu_cores is not None:
             env["VLLM_CPU_OMP_THREADS_BIND"] = bind_list(self.cpu_cores.take(core_key))

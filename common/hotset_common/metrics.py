@@ -64,6 +64,7 @@ OPERATOR_POOL_PASSES_TOTAL = f"{PREFIX}_operator_pool_passes_total"  # pool sizi
 OPERATOR_STATUS_WRITES_TOTAL = f"{PREFIX}_operator_status_writes_total"  # labels: resource (servedmodels, ...)
 OPERATOR_WRITES_PENDING = f"{PREFIX}_operator_writes_pending"  # gauge: status writes and events not yet sent
 OPERATOR_UNOWNED_WORKER_PODS = f"{PREFIX}_operator_unowned_worker_pods"  # gauge: labelled pods it asks nothing
+OPERATOR_REPORT_BYTES_TOTAL = f"{PREFIX}_operator_report_bytes_total"  # bytes of worker /status answers read
 CATALOG_MODELS = f"{PREFIX}_catalog_models"                    # gauge: entries of a catalog; labels: namespace, store
 # 1 per accepted ServedModel: whom to call about it (dashboards and alerts join it on `model`).
 MODEL_INFO = f"{PREFIX}_model_info"                              # gauge; labels: namespace, model, owner, oncall, latency_class

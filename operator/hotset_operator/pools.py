@@ -2,8 +2,8 @@
 
 One pass:
 
-1. **reports**: every worker pod's ``GET /status``, asked at once
-   (``workers.fetch_reports``), indexed by model (``fleet.py``); the models
+1. **reports**: every worker pod's ``GET /status``, asked at once, each
+   for what changed since its last report (``workers.Reports``), indexed by model (``fleet.py``); the models
    whose copies changed have their status re-derived (``reconciler.py``);
 2. **each WorkerPool** (from its kopf index): its own fields, demand from its
    workers' reports (``demand``), the target it asks for (``autoscaler``),
@@ -77,6 +77,7 @@ class Pools:
         self._applied: dict[tuple[str, ...], tuple[str, float]] = {}  # what was last applied, and when
         self._pool_owners: dict[str, tuple[int, list[dict[str, Any]]]] = {}  # namespace -> (version, owners)
         self._http = workers.client(config.worker_token, config.report_timeout_s)
+        self.reports = workers.Reports(self._http, config.worker_port, on_bytes=metrics.report_bytes.inc)
         self._reasons: dict[str, str] = {}  # what each pool's demand said last (logged when it changes)
         self._refused: dict[tuple[str, str], str] = {}  # labelled pods that are not workers -> why (logged once)
         self.credentials = credentials.CredentialGatherer(kube_api, clock=clock)
@@ -123,7 +124,7 @@ class Pools:
 
     async def converge(self) -> None:
         pods = self.trusted_pods()
-        reports = await workers.fetch_reports(self._http, pods, self.config.worker_port)
+        reports = await self.reports.fetch(pods)
         changed = self.fleet.update(pods, reports)
         if changed:
             self.models.copies_changed(changed)

@@ -74,11 +74,6 @@ def main() -> None:
                     max_body_bytes_in_flight=quantity.parse_bytes(args.max_body_bytes_in_flight),
                     max_cold_waiters=args.max_cold_waiters)
     app = create_app(service, args.admin_token, quantity.parse_bytes(args.max_body_bytes), limits)
-    try:  # as the tree's own main() does before serving, where it does (heap.py)
-        from hotset_common import heap
-        heap.freeze_start_up()
-    except ImportError:
-        pass
     uvicorn.run(WithLagProbe(app, period_ms / 1000), host=args.host, port=args.port, log_level=args.log_level.lower(),
                 access_log=False)
 

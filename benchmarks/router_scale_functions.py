@@ -19,7 +19,9 @@ does not include waiting for a core on a shared machine):
   on the event loop, whichever allocation triggers it, and was an idle
   router's longest stretch (85 ms end to end at this scale). The process
   imports what the command imports and, where the tree does, freezes them
-  first as the command does (hotset_common.heap), then builds the map.
+  (hotset_common.heap), then builds the map: the command also freezes the
+  map of its first reports, so this is the case of a map built after
+  start (pods that came later).
 
 The longest of this tree's stretches (a control-loop step, a page of a
 whole state parsed and applied, a full collection) is held to 5 ms, the

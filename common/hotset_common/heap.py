@@ -6,12 +6,15 @@ the event loop. What a process makes at start-up (the modules it imported,
 their functions and classes, the app) lives until it exits, yet every full
 pass walks it again: about 78,000 objects and 36-40 ms on this project's
 2-core machine for the router's imports (FastAPI, pydantic, aiohttp, grpc),
-the longest stretch an idle router's event loop had. ``freeze_start_up``
-moves them into the collector's permanent generation (``gc.freeze``) once,
-before serving: full passes then cost what was made since. Nothing is
-leaked by it: objects that live until exit are never garbage, and the few
-start-up objects that die later are freed by their reference counts (only
-a cycle among them would wait for exit).
+the longest stretch an idle router's event loop had; the router's map of
+its first reports (10,000 copies: 20,000 objects) another 2-14 ms.
+``freeze_start_up`` moves what exists into the collector's permanent
+generation (``gc.freeze``) once, before serving (the router calls it after
+its first status pass, in its app's start-up): full passes then cost what
+was made since. What it costs: an object frozen now that later becomes
+garbage in a reference cycle is kept until exit (one without a cycle is
+freed by its reference count as ever, as the map's copies and entries are
+when reports replace them); before serving, few such objects exist.
 """
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ from typing import Sequence
 
 import uvicorn
 
-from hotset_common import grpc_wire, heap, labels, quantity, slow_clients
+from hotset_common import grpc_wire, labels, quantity, slow_clients
 from hotset_common.worker_ownership import WorkerTrust
 from hotset_router import jwt_issuers
 from hotset_router.api import DEFAULT_MAX_BODY_BYTES, create_app
@@ -137,6 +137,7 @@ def build_settings(args: argparse.Namespace) -> RouterSettings:
         max_model_series=args.max_model_series,
         model_series_idle_s=args.model_series_idle_seconds,
         callers=caller_settings(args),
+        freeze_heap=True,  # the command's start-up, the first reports included (service.py, heap.py)
         replication=ReplicationSettings(
             rps_per_copy=args.replicate_rps_per_copy,
             inflight_per_copy=args.replicate_inflight_per_copy,
@@ -180,7 +181,6 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise SystemExit(f"hotset-router: --grpc-port must be a port number or empty, got {args.grpc_port!r}")
     app = create_app(service, args.admin_token, quantity.parse_bytes(args.max_body_bytes), limits,
                      grpc_address=f"{args.host}:{grpc_port}" if grpc_port else None)
-    heap.freeze_start_up()  # full collections then walk what serving makes, not the imports (heap.py)
     # timeout_graceful_shutdown: on SIGTERM, requests in flight get this long to finish.
     uvicorn.run(host=args.host, port=args.port, log_level=args.log_level.lower(), access_log=False,
                 timeout_graceful_shutdown=30, **slow_clients.serve_options(app, slow_clients.from_arguments(args)))

@@ -23,7 +23,21 @@ under a ServiceAccount of its own:
 Today's operator is the commit before this landing (``--baseline``, default d516879), run
 from a ``git archive`` of its ``common`` and ``operator`` folders at the sizes it can manage.
 Nodes are not registered, so pool pods stay Pending: no worker reports, as in a cluster whose
-pools are idle. The machine is whatever runs this (docs/benchmarks.md says which).
+pools are idle.
+
+5. **reporting pods** (``--reporting-pods``, a control plane of its own per tree): ``--reporting-models``
+   ServedModels and that many STAND-IN worker pods (tests/hotset_testing/standin_pods.py: one
+   process serving every pod's ``GET /status`` with the worker's own report builder, each pod on a
+   loopback address of its own and the operator's worker port; every pod's catalog lists every
+   model, each model has a copy on one pod). Pod objects labelled as the shared pool's workers,
+   their status Running and Ready at those addresses (no kubelet here; the operator runs with
+   ``--worker-trust labelled``, since no Deployment of its own owns them). Once every model's
+   status lists its copy, the operator's CPU, the /status bytes the stand-ins served it (and its
+   own count, ``hotset_operator_report_bytes_total``, where the tree has it) and its API requests
+   over ``--reporting-s``, with nothing changing; this tree beside ``--reporting-baseline``
+   (default 46c5323, the commit before the operator followed reports by cursor).
+
+The machine is whatever runs this (docs/benchmarks.md says which).
 """
 from __future__ import annotations
 
@@ -52,6 +66,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
+from hotset_common import labels  # noqa: E402
 from hotset_common.model_store import CatalogUpdate  # noqa: E402
 from hotset_testing import kube_cluster, processes  # noqa: E402
 from hotset_testing.kube_cluster import KubeCluster  # noqa: E402
@@ -471,6 +486,135 @@ def run_one(implementation: str, models: int, args: argparse.Namespace, workdir:
     return result
 
 
+# --- phase 5: pods reporting ---------------------------------------------------------------------
+
+STANDINS = ROOT / "tests" / "hotset_testing" / "standin_pods.py"
+FIRST_POD_IP = "127.0.70.1"
+
+
+@dataclass
+class Reporting:
+    implementation: str
+    pods: int
+    models: int
+    seen_s: float | None = None  # from the pods being Running until every model's status lists its copy
+    cpu_share: float = 0.0
+    served_bytes_s: float = 0.0  # /status bytes the stand-ins answered, per second (the operator is their only reader)
+    answers_s: float = 0.0
+    read_bytes_s: float | None = None  # the operator's own count, where the tree has it
+    api_per_s: float = 0.0
+    rss_mib: float = 0.0
+    load: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+
+def standin_pod(name: str) -> dict[str, Any]:
+    """A Pod object labelled as a shared pool's worker: the stand-in process plays its container.
+    A scheduler name nobody serves keeps the real scheduler (and with it the pod GC) off it."""
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": NAMESPACE,
+                         "labels": {labels.PART_OF: labels.PROJECT, labels.COMPONENT: labels.WORKER,
+                                    labels.POOL: labels.SHARED_POOL}},
+            "spec": {"schedulerName": "standin", "containers": [{"name": "worker", "image": "standin"}]}}
+
+
+def seen_copies(api: Api) -> int:
+    """ServedModels whose status lists a copy."""
+    items = api.sync.get(api.path()).json()["items"]
+    return sum(1 for item in items if (item.get("status") or {}).get("copies"))
+
+
+def run_reporting(implementation: str, tree: Path | None, args: argparse.Namespace, workdir: Path) -> Reporting:
+    result = Reporting(implementation, args.reporting_pods, args.reporting_models)
+    audit = workdir / f"audit-reporting-{implementation}.log"
+    policy = workdir / "audit-policy.yaml"
+    policy.write_text(AUDIT_POLICY)
+    flags = [f"--audit-policy-file={policy}", f"--audit-log-path={audit}", "--audit-log-maxsize=2000",
+             "--audit-log-format=json"]
+    crds = sorted((ROOT / "crds").glob("*.yaml"))
+    port = processes.free_port()
+    tag = implementation.replace(" ", "-")
+    with kube_cluster.running(workdir / f"kube-reporting-{tag}", manifests=crds, apiserver_flags=flags) as cluster:
+        kubeconfig = prepare_cluster(cluster, workdir)
+        api = Api(cluster)
+        ready = workdir / f"standins-{tag}.json"
+        per_pod = -(-args.reporting_models // args.reporting_pods)
+        standins = processes.spawn("standins", [
+            sys.executable, str(STANDINS), "--pods", str(args.reporting_pods), "--models", str(args.reporting_models),
+            "--copies-per-pod", str(per_pod), "--first-ip", FIRST_POD_IP, "--port", str(port),
+            "--name-format", "m-{:05d}", "--ready-file", str(ready)], workdir / f"standins-{tag}.log")
+        operator = operator_for("this landing", kubeconfig, workdir, None)
+        operator.implementation = implementation
+        operator.log = workdir / f"operator-reporting-{tag}.log"
+        operator.env.update({"HOTSET_OPERATOR_WORKER_TRUST": "labelled", "HOTSET_OPERATOR_WORKER_PORT": str(port),
+                             "HOTSET_OPERATOR_POOL_MIN_PODS": str(args.reporting_pods),
+                             "HOTSET_OPERATOR_POOL_MAX_PODS": str(2 * args.reporting_pods)})
+        if tree is not None:  # the older tree's operator, from its own folders
+            operator.env["PYTHONPATH"] = f"{tree / 'common'}:{tree / 'operator'}"
+            operator.argv = [sys.executable, "-c", "import sys; from hotset_operator.main import main; main(sys.argv[1:])",
+                             *operator.argv[1:]]
+        try:
+            if wait(lambda: ready.exists() or not standins.alive(), 120) is None or not standins.alive():
+                raise RuntimeError(f"the stand-in pods did not start:\n{standins.log_tail()}")
+            layout = json.loads(ready.read_text())
+            operator.start()
+            asyncio.run(api.create_all([served_model(f"m-{i:05d}") for i in range(args.reporting_models)]))
+            base = f"{api.base}/api/v1/namespaces/{NAMESPACE}/pods"
+            for index, (name, url) in enumerate(zip(layout["pods"], layout["urls"])):
+                ip = url.split("//", 1)[1].rsplit(":", 1)[0]
+                api.sync.post(base, json=standin_pod(name)).raise_for_status()
+                api.sync.patch(f"{base}/{name}/status", headers={"Content-Type": "application/merge-patch+json"},
+                               content=json.dumps({"status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}],
+                                                             "conditions": [{"type": "Ready", "status": "True"}]}}))
+            result.seen_s = wait(lambda: seen_copies(api) >= args.reporting_models, args.accept_limit_s, 1.0)
+            if result.seen_s is None:
+                result.notes.append(f"{seen_copies(api)} of {args.reporting_models} models list their copy")
+            if operator.catalog_url:
+                wait(lambda: operator.metric("hotset_operator_writes_pending") == 0, 120, 0.5)
+            time.sleep(args.settle_s)
+            stats = lambda: httpx.get(f"{layout['urls'][0]}/_standin/stats", timeout=10).json()  # noqa: E731
+            before, read_before = stats(), operator.metric("hotset_operator_report_bytes_total")
+            cpu_before, wall_before, stamp = cpu_seconds(operator.pid), time.monotonic(), time.time()
+            time.sleep(args.reporting_s)
+            cpu_after, wall_after, stamp_after = cpu_seconds(operator.pid), time.monotonic(), time.time()
+            after, read_after = stats(), operator.metric("hotset_operator_report_bytes_total")
+            wall = wall_after - wall_before
+            result.cpu_share = (cpu_after - cpu_before) / wall
+            result.served_bytes_s = (after["status_bytes"] - before["status_bytes"]) / wall
+            result.answers_s = (after["status_answers"] - before["status_answers"]) / wall
+            if read_before is not None and read_after is not None:
+                result.read_bytes_s = (read_after - read_before) / wall
+            result.rss_mib = rss_mib(operator.pid)
+            result.load = os.getloadavg()[0]
+            time.sleep(2.0)  # the audit log is written in batches
+            verbs = audit_requests(audit, stamp, stamp_after)
+            result.api_per_s = sum(verbs.values()) / (stamp_after - stamp)
+            result.notes.append(f"API requests by verb {verbs}")
+        finally:
+            operator.stop()
+            standins.stop()
+    return result
+
+
+def report_reporting(results: list[Reporting]) -> None:
+    print("\n| operator | stand-in pods x models | every copy in the models' status after | steady CPU (one core) "
+          "| /status bytes read per s (stand-ins' count) | the operator's own count | answers per s "
+          "| API requests/s | RSS |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in results:
+        own = "-" if r.read_bytes_s is None else f"{r.read_bytes_s / 1e3:,.1f} KB"
+        seen = "-" if r.seen_s is None else f"{r.seen_s:.1f} s"
+        print(f"| {r.implementation} | {r.pods} x {r.models:,} | {seen} | {r.cpu_share * 100:.1f}% | "
+              f"{r.served_bytes_s / 1e3:,.1f} KB | {own} | {r.answers_s:.1f} | {r.api_per_s:.2f} | {r.rss_mib:.0f} MiB |")
+    for r in results:
+        print(f"- {r.implementation}: load average {r.load:.1f}; " + "; ".join(r.notes))
+    if len(results) == 2 and results[0].served_bytes_s and results[1].cpu_share:
+        old, new = results[1], results[0]
+        print(f"- {old.implementation} / {new.implementation}: bytes read "
+              f"{old.served_bytes_s / max(new.served_bytes_s, 1e-6):.0f}x, steady CPU "
+              f"{old.cpu_share / max(new.cpu_share, 1e-6):.1f}x")
+
+
 # --- reporting ---------------------------------------------------------------------------------
 
 def _s(value: float | None, limit: str = "") -> str:
@@ -515,6 +659,12 @@ def main() -> None:
     parser.add_argument("--settle-s", type=float, default=10.0)
     parser.add_argument("--accept-limit-s", type=float, default=300.0)
     parser.add_argument("--restart-limit-s", type=float, default=300.0)
+    parser.add_argument("--reporting-pods", type=int, default=10, help="phase 5's stand-in pods (0: skip it)")
+    parser.add_argument("--reporting-models", type=int, default=1000)
+    parser.add_argument("--reporting-s", type=float, default=30.0)
+    parser.add_argument("--reporting-baseline", default="46c5323",
+                        help="the tree phase 5 measures beside this one ('': none)")
+    parser.add_argument("--only-reporting", action="store_true", help="run phase 5 alone")
     args = parser.parse_args()
     # A SIGTERM (a timeout, a Ctrl-C'd wrapper) unwinds like an error, so every control plane and
     # operator this run started is stopped by its `finally` (a killed run left them running).
@@ -525,18 +675,32 @@ def main() -> None:
         sys.exit(str(exc))
     workdir = Path(tempfile.mkdtemp(prefix="hotset-operator-scale-"))
     results: list[Result] = []
+    reporting: list[Reporting] = []
     try:
         baseline = baseline_tree(args.baseline, workdir) if args.baseline_sizes else None
         runs = [("today", int(n)) for n in args.baseline_sizes.split(",") if n and baseline is not None]
         runs += [("this landing", int(n)) for n in args.sizes.split(",") if n]
+        if args.only_reporting:
+            runs = []
         if args.baseline_sizes and baseline is None:
             print(f"commit {args.baseline} is not in this clone: today's operator is not measured")
         for implementation, models in sorted(runs, key=lambda run: (run[1], run[0] != "today")):
             print(f"--- {implementation}, {models:,} ServedModels", flush=True)
             results.append(run_one(implementation, models, args, workdir, baseline))
             print(results[-1], flush=True)
+        if args.reporting_pods:
+            older = baseline_tree(args.reporting_baseline, workdir) if args.reporting_baseline else None
+            trees = [("this landing", None)] + ([(args.reporting_baseline, older)] if older is not None else [])
+            for implementation, tree in trees:
+                print(f"--- {implementation}: {args.reporting_pods} reporting stand-in pods x "
+                      f"{args.reporting_models:,} models", flush=True)
+                reporting.append(run_reporting(implementation, tree, args, workdir))
+                print(reporting[-1], flush=True)
     finally:
-        report(results, args)
+        if results:
+            report(results, args)
+        if reporting:
+            report_reporting(reporting)
         shutil.rmtree(workdir, ignore_errors=True)
 
 

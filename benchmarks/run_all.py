@@ -36,6 +36,7 @@ BENCHMARKS: list[list[str]] = [
     # and worker density.
     ["operator_scale.py"],
     ["worker_density.py"],
+    ["worker_metrics_bound.py", "--models", "10000"],
     # Reliability (docs/reliability.md): hostile inputs, chaos under load, the 10-minute soak.
     ["hostile_inputs.py"],
     ["chaos.py"],

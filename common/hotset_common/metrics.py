@@ -17,6 +17,7 @@ QUEUE_WAIT_SECONDS = f"{PREFIX}_queue_wait_seconds"    # histogram; labels: mode
 REFUSALS_TOTAL = f"{PREFIX}_refusals_total"            # 503s for lack of room, 429s of a full per-model queue; labels: model, framework, pod, reason
 INFLIGHT_REQUESTS = f"{PREFIX}_inflight_requests"      # gauge: inference requests being served now; labels: model, framework, pod
 MODEL_QUEUED_REQUESTS = f"{PREFIX}_model_queued_requests"  # gauge: requests waiting for a slot of spec.maxConcurrency; labels: model, framework, pod
+MODEL_SERIES = f"{PREFIX}_model_series"                # gauge: models with per-model series of their own (model_series.py); labels: pod
 SHARE_WEIGHT = f"{PREFIX}_share_weight"                # gauge: a namespace's weight in the inference threads' shares (as the router last sent it); labels: namespace, pod
 # Remote model sources (s3://, gs://, hf://, https://) and the pod's source cache.
 SOURCE_FETCHES_TOTAL = f"{PREFIX}_source_fetches_total"          # labels: model, framework, pod, scheme, result (hit, download, failure)
@@ -64,11 +65,12 @@ OPERATOR_POOL_PASSES_TOTAL = f"{PREFIX}_operator_pool_passes_total"  # pool sizi
 OPERATOR_STATUS_WRITES_TOTAL = f"{PREFIX}_operator_status_writes_total"  # labels: resource (servedmodels, ...)
 OPERATOR_WRITES_PENDING = f"{PREFIX}_operator_writes_pending"  # gauge: status writes and events not yet sent
 OPERATOR_UNOWNED_WORKER_PODS = f"{PREFIX}_operator_unowned_worker_pods"  # gauge: labelled pods it asks nothing: unowned or unproven
+OPERATOR_REPORT_BYTES_TOTAL = f"{PREFIX}_operator_report_bytes_total"  # bytes of worker /status answers read
 CATALOG_MODELS = f"{PREFIX}_catalog_models"                    # gauge: entries of a catalog; labels: namespace, store
 # 1 per accepted ServedModel: whom to call about it (dashboards and alerts join it on `model`).
 MODEL_INFO = f"{PREFIX}_model_info"                              # gauge; labels: namespace, model, owner, oncall, latency_class
 ROUTER_VERSION_REQUESTS_TOTAL = f"{PREFIX}_router_version_requests_total"  # answers by version; labels: model, version
-# Router series are bounded in models (router telemetry.ModelSeries): per-model labels name at most
+# Router and worker series are bounded in models (hotset_common.model_series): per-model labels name at most
 # a configured number of recently used models, "_other" the rest and "_unknown" names no worker knows.
 ROUTER_MODEL_SERIES = f"{PREFIX}_router_model_series"  # gauge: models with per-model series of their own now
 ROUTER_EVENT_LOOP_LAG_SECONDS = f"{PREFIX}_router_event_loop_lag_seconds"  # histogram: how late timers woke

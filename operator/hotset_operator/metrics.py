@@ -47,6 +47,9 @@ class OperatorMetrics:
         self.unowned_worker_pods = Gauge(names.OPERATOR_UNOWNED_WORKER_PODS,
                                          "Pods with the worker labels that no Deployment of the operator owns, or "
                                          "that did not prove which pod they are: asked for no report, sent no token", registry=r)
+        self.report_bytes = Counter(names.OPERATOR_REPORT_BYTES_TOTAL.removesuffix("_total"),
+                                    "Bytes of worker pods' /status answers read (what changed since each "
+                                    "pod's last report)", registry=r)
         self.catalog_models = Gauge(names.CATALOG_MODELS, "Models in a catalog worker pods follow",
                                     ["namespace", "store"], registry=r)
         self.model_info = Gauge(names.MODEL_INFO, "1 per accepted ServedModel: its owner, on-call contact and "

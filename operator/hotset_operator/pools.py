@@ -2,8 +2,8 @@
 
 One pass:
 
-1. **reports**: every worker pod's ``GET /status``, asked at once
-   (``workers.fetch_reports``), indexed by model (``fleet.py``); the models
+1. **reports**: every worker pod's ``GET /status``, asked at once, each
+   for what changed since its last report (``workers.Reports``), indexed by model (``fleet.py``); the models
    whose copies changed have their status re-derived (``reconciler.py``);
 2. **each WorkerPool** (from its kopf index): its own fields, demand from its
    workers' reports (``demand``), the target it asks for (``autoscaler``),
@@ -100,6 +100,7 @@ class Pools:
         self.proven = proven  # worker identity on: only pods that proved which pod they are are asked
         self._keys: tuple[str, dict[str, Any]] | None = None  # the cluster's ServiceAccount issuer and keys
         self._keys_due = -math.inf  # when to read them again
+        self.reports = workers.Reports(self._http, config.worker_port, on_bytes=metrics.report_bytes.inc)
         self._reasons: dict[str, str] = {}  # what each pool's demand said last (logged when it changes)
         self._refused: dict[tuple[str, str], str] = {}  # labelled pods that are not workers -> why (logged once)
         self.credentials = credentials.CredentialGatherer(kube_api, clock=clock)
@@ -153,7 +154,7 @@ class Pools:
         asked, unproven = (await self.proven.only_proven(pods)) if self.proven is not None else (pods, {})
         # Labelled pods asked nothing: no Deployment of the operator owns them, or they did not prove who they are.
         self.metrics.unowned_worker_pods.set(len(self._refused) + len(unproven))
-        reports = await workers.fetch_reports(self._http, asked, self.config.worker_port)
+        reports = await self.reports.fetch(asked)
         changed = self.fleet.update(pods, reports)
         if changed:
             self.models.copies_changed(changed)

@@ -152,6 +152,7 @@ def build_settings(args: argparse.Namespace) -> RouterSettings:
         model_series_idle_s=args.model_series_idle_seconds,
         callers=caller_settings(args),
         llm_routing=prefix_routing.Mode(args.llm_routing),
+        freeze_heap=True,  # the command's start-up, the first reports included (service.py, heap.py)
         replication=ReplicationSettings(
             rps_per_copy=args.replicate_rps_per_copy,
             inflight_per_copy=args.replicate_inflight_per_copy,

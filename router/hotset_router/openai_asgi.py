@@ -84,10 +84,10 @@ class OpenAIRoutes:
     async def models(self, headers: Mapping[str, str]) -> dict[str, Any]:
         """Every generative or embedding model some worker can serve and this request may see
         (callers.py); adapters name their base."""
-        entries = [entry for entry in self.service.sync.catalog.entries() if entry.type in OPENAI_TASKS]
-        shown = set(await self.service.callers.visible(headers, [entry.id for entry in entries]))
-        cards = [openai_wire.model_card(entry.id, parent=entry.base_model or None)
-                 for entry in entries if entry.id in shown]
+        entries = [entry for entry in self.service.sync.catalog.entries() if entry["type"] in OPENAI_TASKS]
+        shown = set(await self.service.callers.visible(headers, [entry["id"] for entry in entries]))
+        cards = [openai_wire.model_card(entry["id"], parent=entry["base_model"] or None)
+                 for entry in entries if entry["id"] in shown]
         return {"object": "list", "data": sorted(cards, key=lambda card: card["id"])}
 
     async def serve(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -11,7 +11,7 @@ import random
 import secrets
 from typing import Mapping
 
-from hotset_common import errors, labels
+from hotset_common import errors, heap, labels
 from hotset_common.spec import Placement
 from hotset_common.worker_identity import BearerToken, PodProofs
 from hotset_router import placement, prefix_routing
@@ -48,6 +48,10 @@ class RouterSettings:
     model_series_idle_s: float = DEFAULT_SERIES_IDLE_S  # a model's series go after this long without a request
     callers: CallerSettings = CallerSettings()  # who may call (callers.py); default: everyone
     llm_routing: prefix_routing.Mode = prefix_routing.Mode.PREFIX  # the choice among an LLM's ready copies
+    # Once the first status pass has read every pod (before serving: the app's start-up), keep what
+    # exists then out of the garbage collector's full passes (hotset_common.heap). The command does;
+    # in-process tests do not (they would freeze each other's objects).
+    freeze_heap: bool = False
 
 
 class RouterService:
@@ -139,6 +143,8 @@ class RouterService:
 
     async def start(self) -> None:
         await self.sync.refresh_all()
+        if self.settings.freeze_heap:
+            heap.freeze_start_up()
         self._tasks = [
             asyncio.ensure_future(self.sync.run()),
             asyncio.ensure_future(self.router.run_control_loop(self.settings.control_interval_s)),

@@ -1,17 +1,13 @@
 """The router's Prometheus metrics, in a registry of its own (one per app, no globals), bounded in models.
 
-A series per model and label value is what makes "which model is slow"
-answerable, and what grows without bound with the catalog: a 14-bucket
-latency histogram alone is 17 series per model (buckets, sum, count,
-created). So at most ``max_models`` models have series of their own at a
-time (``ModelSeries``): a model gets them with its first request while there
-is room, keeps them while it has requests, and loses them (every series that
-names it) after ``idle_s`` without one; models beyond the limit are counted
-together under ``model="_other"``, names no worker knows under
-``model="_unknown"``. At the defaults (500 models, 300 s) one router exports
-at most about 500 x 25 per-model series plus a few aggregates, whatever the
-catalog holds (docs/router.md, "Metrics"); ``hotset_router_model_series``
-says how many models have series now. Sums over ``model`` stay exact.
+Per-model series are bounded as the worker's are (``hotset_common.model_series``,
+defined once for both): at most ``max_models`` models have series of their
+own at a time, by recent use; models beyond the limit are counted together
+under ``model="_other"``, names no worker knows under ``model="_unknown"``.
+At the defaults (500 models, 300 s) one router exports at most about 500 x
+25 per-model series plus a few aggregates, whatever the catalog holds
+(docs/router.md, "Metrics"); ``hotset_router_model_series`` says how many
+models have series now. Sums over ``model`` stay exact.
 
 Pods are not a label of per-model series (placements, removals): pods x
 models is the product that grew fastest.
@@ -19,68 +15,17 @@ models is the product that grew fastest.
 from __future__ import annotations
 
 import asyncio
-import collections
 import time
-from typing import Any, Callable
+from typing import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from hotset_common import metrics as names
+from hotset_common.model_series import (DEFAULT_MAX_MODEL_SERIES, DEFAULT_SERIES_IDLE_S, OTHER_MODELS,  # noqa: F401
+                                        UNKNOWN_MODEL, ModelSeries)
 
-OTHER_MODELS = "_other"
-UNKNOWN_MODEL = "_unknown"
-DEFAULT_MAX_MODEL_SERIES = 500
-DEFAULT_SERIES_IDLE_S = 300.0
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 LAG_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
-
-
-class ModelSeries:
-    """Which models have series of their own (see the module docstring), and the series each one has."""
-
-    def __init__(self, max_models: int = DEFAULT_MAX_MODEL_SERIES, idle_s: float = DEFAULT_SERIES_IDLE_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.max_models = max_models
-        self.idle_s = idle_s
-        self.clock = clock
-        self._last: collections.OrderedDict[str, float] = collections.OrderedDict()  # least recently used first
-        self._series: dict[str, set[tuple[Any, tuple[str, ...]]]] = {}
-
-    def label(self, model: str) -> str:
-        """`model`'s label: itself while it has series of its own (it counts as used now), else OTHER_MODELS."""
-        now = self.clock()
-        if model in self._last:
-            self._last[model] = now
-            self._last.move_to_end(model)
-            return model
-        self.expire(now)
-        if len(self._last) < self.max_models:
-            self._last[model] = now
-            return model
-        return OTHER_MODELS
-
-    def child(self, metric: Any, *labels: str) -> Any:
-        """`metric`'s child for `labels` (the model's label first), remembered for its model's expiry."""
-        if labels[0] in self._last:
-            self._series.setdefault(labels[0], set()).add((metric, labels))
-        return metric.labels(*labels)
-
-    def expire(self, now: float | None = None) -> None:
-        """Drop every series of the models without a request for `idle_s`."""
-        now = self.clock() if now is None else now
-        while self._last:
-            model, used = next(iter(self._last.items()))
-            if now - used < self.idle_s:
-                return
-            del self._last[model]
-            for metric, labels in self._series.pop(model, ()):
-                try:
-                    metric.remove(*labels)
-                except KeyError:
-                    pass
-
-    def __len__(self) -> int:
-        return len(self._last)
 
 
 class RouterMetrics:

@@ -20,11 +20,17 @@ for) is assembled from a catalog serialised once, so the stand-in's own
 CPU stays small however often it is asked.
 
     python tests/hotset_testing/standin_pods.py --pods 50 --models 10000 --copies-per-pod 200 --ready-file F
+
+With ``--first-ip 127.0.70.1 --port P`` pod n listens on its own loopback
+address (127.0.70.1 + n) and the one port P, as pods of a pool do (the
+operator asks every pod at ``http://<pod IP>:<worker port>``);
+``--name-format 'm-{:05d}'`` names the models as the caller's ServedModels.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import ipaddress
 import json
 import signal
 import time
@@ -205,17 +211,18 @@ class Standins:
     """Every stand-in pod, each on its own loopback port, in one aiohttp server process."""
 
     def __init__(self, pods: int, models: int, copies_per_pod: int, model_bytes: int, budget: int,
-                 infer_delay_s: float = 0.0) -> None:
-        specs = [_Spec(f"m-{j}", model_bytes, _Enum("standin"), _Enum("tensor"), name=f"m-{j}") for j in range(models)]
+                 infer_delay_s: float = 0.0, name_format: str = "m-{}") -> None:
+        names = [name_format.format(j) for j in range(models)]
+        specs = [_Spec(name, model_bytes, _Enum("standin"), _Enum("tensor"), name=name) for name in names]
         by_id = {spec.id: spec for spec in specs}
         store = _Store(specs)
         self.infer_delay_s = infer_delay_s
         entries = {spec.id: status_report.catalog_entry(spec, spec.memory_bytes) for spec in specs}  # type: ignore[arg-type]
         self.pods = [StandinPod(f"standin-{i}", store, by_id, budget, entries=entries) for i in range(pods)]
-        for j in range(models):
+        for j, name in enumerate(names):
             pod = self.pods[j % pods]
             if len(pod.copies) < copies_per_pod:
-                pod.load(f"m-{j}")
+                pod.load(name)
         # The whole catalog, serialised once (for callers that ask without a cursor).
         self._catalog_json = b"[" + b",".join(e.model_dump_json().encode() for e in entries.values()) + b"]"
         self.status_answers = 0  # /status answers given, over every pod
@@ -306,16 +313,17 @@ class Standins:
 
 async def serve(args: argparse.Namespace) -> None:
     standins = Standins(args.pods, args.models, args.copies_per_pod, args.model_mib * MiB, args.budget_mib * MiB,
-                        args.infer_delay_ms / 1000)
+                        args.infer_delay_ms / 1000, args.name_format)
     runners = []
     urls = []
-    for pod in standins.pods:
+    for index, pod in enumerate(standins.pods):
         runner = web.AppRunner(standins.app(pod), access_log=None)
         await runner.setup()
-        site = web.TCPSite(runner, args.host, 0)
+        host = str(ipaddress.IPv4Address(args.first_ip) + index) if args.first_ip else args.host
+        site = web.TCPSite(runner, host, args.port)
         await site.start()
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        urls.append(f"http://{args.host}:{port}")
+        urls.append(f"http://{host}:{port}")
         runners.append(runner)
     layout = {"urls": urls, "pods": [p.name for p in standins.pods],
               "holder": {m: i for i, pod in enumerate(standins.pods) for m in pod.copies}}
@@ -338,6 +346,9 @@ def main() -> None:
     parser.add_argument("--budget-mib", type=int, default=4096)
     parser.add_argument("--infer-delay-ms", type=float, default=0.0)
     parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--first-ip", default="", help="pod n listens on this loopback address + n (with --port)")
+    parser.add_argument("--port", type=int, default=0, help="every pod's port (0: a free one each)")
+    parser.add_argument("--name-format", default="m-{}", help="model j's name (str.format of j)")
     parser.add_argument("--ready-file", required=True, help="written with the pods' URLs once every pod listens")
     asyncio.run(serve(parser.parse_args()))
 

@@ -1,15 +1,17 @@
-"""A worker with many models: what a copy shares, a /models that pages, metrics that stay bounded."""
+"""A worker with many models: what a copy shares, a /models that pages, metrics bounded by a number of models."""
 from __future__ import annotations
 
 import json
 import shutil
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from hotset_testing import ballast_framework as ballast
 from hotset_testing.ballast_framework import MiB
 from hotset_testing.worker_server import ballast_app, serve_in_thread
 from hotset_worker.frameworks.shared_tokenizers import TokenizerCache, fingerprint
+from hotset_common.model_series import DEFAULT_MAX_MODEL_SERIES
 from hotset_worker.metrics import OTHER_MODELS, WorkerMetrics
 from hotset_worker.models_report import ModelsReport
 
@@ -76,25 +78,89 @@ async def test_a_second_models_report_builds_nothing_new(tmp_path) -> None:
         await manager.close()
 
 
-async def test_per_model_series_exist_only_for_held_and_recent_models(tmp_path) -> None:
+def samples(metrics: WorkerMetrics) -> dict[str, float]:
+    """model label -> the number of samples that name it (the whole exposition, as Prometheus reads it)."""
+    counted: dict[str, float] = {}
+    for family in text_string_to_metric_families(metrics.exposition().decode()):
+        for sample in family.samples:
+            if "model" in sample.labels:
+                counted[sample.labels["model"]] = counted.get(sample.labels["model"], 0) + 1
+    return counted
+
+
+def summed(metrics: WorkerMetrics, name: str) -> float:
+    return sum(sample.value for family in text_string_to_metric_families(metrics.exposition().decode())
+               for sample in family.samples if sample.name == name)
+
+
+def serve_once(metrics: WorkerMetrics, spec, size: int) -> None:
+    """What a copy's life sends the metrics: its load, its size, one request, its wait for room."""
+    metrics.load_finished(spec, 0.2, True)
+    metrics.model_bytes(spec, size)
+    metrics.request_started(spec)
+    metrics.queue_left(spec, 0.001, "admitted")
+    metrics.request_finished(spec, 200, 0.004)
+    metrics.request_ended(spec)
+
+
+def test_ten_thousand_held_models_export_the_series_of_at_most_the_limit(tmp_path) -> None:
+    now = [0.0]
+    metrics = WorkerMetrics("p", 2**40, max_models=DEFAULT_MAX_MODEL_SERIES, idle_s=300, clock=lambda: now[0])
+    specs = [ballast.make_spec(f"m{i:05d}", tmp_path) for i in range(10_000)]
+    for i, spec in enumerate(specs):
+        serve_once(metrics, spec, MiB + i)
+    counted = samples(metrics)
+    per_model = max(n for model, n in counted.items() if model != OTHER_MODELS)
+    assert len(counted) == DEFAULT_MAX_MODEL_SERIES + 1 and set(counted) - {OTHER_MODELS} == {s.id for s in specs[:500]}
+    total = sum(counted.values())
+    assert total <= DEFAULT_MAX_MODEL_SERIES * per_model + 2 * per_model  # the models with series, and _other
+    print(f"10,000 held models: {total} per-model samples ({per_model} per model with series)")
+    # Sums over models stay exact: requests, loads, and the bytes the 10,000 copies hold.
+    assert summed(metrics, "hotset_requests_total") == 10_000
+    assert summed(metrics, "hotset_model_loads_total") == 10_000
+    assert summed(metrics, "hotset_model_bytes") == sum(MiB + i for i in range(10_000))
+    assert summed(metrics, "hotset_inflight_requests") == 0
+    metrics.before_scrape()
+    assert summed(metrics, "hotset_model_series") == DEFAULT_MAX_MODEL_SERIES
+
+
+def test_a_model_idle_past_its_time_gives_its_series_to_the_next_and_its_gauges_to_the_aggregate(tmp_path) -> None:
+    now = [0.0]
+    metrics = WorkerMetrics("p", 2**40, max_models=2, idle_s=60, clock=lambda: now[0])
+    a, b, c = (ballast.make_spec(name, tmp_path) for name in "abc")
+    for spec in (a, b, c):
+        serve_once(metrics, spec, MiB)
+    assert set(samples(metrics)) == {"a", "b", OTHER_MODELS}
+    metrics.request_started(c)  # c is busy, counted in the aggregate's gauge
+    now[0] = 30.0
+    serve_once(metrics, a, MiB)  # a is still in use
+    now[0] = 70.0
+    metrics.request_finished(c, 200, 0.5)  # b idle for 70 s: its series go, c gets its own
+    assert set(samples(metrics)) == {"a", "c", OTHER_MODELS}
+    text = metrics.exposition().decode()
+    assert 'hotset_inflight_requests{framework="torchvision",model="c",pod="p"} 1.0' in text
+    assert 'hotset_inflight_requests{framework="torchvision",model="_other",pod="p"} 0.0' in text
+    assert 'hotset_model_bytes{framework="torchvision",model="_other",pod="p"} 1.048576e+06' in text  # b's copy
+    assert summed(metrics, "hotset_model_bytes") == 3 * MiB
+    metrics.model_bytes(b, None)  # b's copy went: its bytes leave the aggregate
+    metrics.request_ended(c)
+    assert summed(metrics, "hotset_model_bytes") == 2 * MiB and summed(metrics, "hotset_inflight_requests") == 0
+    assert 'model="b"' not in metrics.exposition().decode()
+
+
+async def test_a_worker_holding_more_models_than_the_limit_names_only_the_limit(tmp_path) -> None:
     store = ballast.catalog(tmp_path, {f"m{i}": {"size": MiB} for i in range(12)})
-    metrics = WorkerMetrics("p", 100 * MiB, recent_models=2)
-    manager = ballast.manager(store, budget=100 * MiB, max_models=2, observer=metrics, admission_control=False)
+    metrics = WorkerMetrics("p", 100 * MiB, max_models=4)
+    manager = ballast.manager(store, budget=100 * MiB, observer=metrics, admission_control=False)
     try:
         for i in range(12):
             async with manager.use(f"m{i}"):
                 metrics.request_finished(store.get(f"m{i}"), 200, 0.01)
             await manager.settled()
-        # held: two copies; recent: the last two gone; the aggregate; nothing of the other eight
-        import re
-
-        text = metrics.exposition().decode()
-        named = set(re.findall(r'model="([^"]+)"', text))
-        assert len(named) <= 2 + 2 and set(manager.loaded_ids()) <= named
-        gone = next(f"m{i}" for i in range(12) if f"m{i}" not in named)
-        metrics.request_finished(store.get(gone), 200, 0.01)  # a model neither held nor recent
-        text = metrics.exposition().decode()
-        assert f'model="{gone}"' not in text
-        assert f'hotset_requests_total{{code="200",framework="torchvision",model="{OTHER_MODELS}",pod="p"}} 1.0' in text
+        assert len(manager.loaded_ids()) == 12  # all twelve held, four with series of their own
+        counted = samples(metrics)
+        assert set(counted) == {"m0", "m1", "m2", "m3", OTHER_MODELS}
+        assert summed(metrics, "hotset_requests_total") == 12
+        assert summed(metrics, "hotset_model_bytes") == 12 * MiB
     finally:
         await manager.close()

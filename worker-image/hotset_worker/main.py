@@ -25,6 +25,7 @@ from hotset_common.worker_settings import WorkerOption
 from hotset_common.budget import BudgetMode
 from hotset_common.slow_clients import ClientLimits
 from hotset_common.eviction import DEFAULT_CHURN_GUARD_S, EvictionPolicy
+from hotset_common.model_series import DEFAULT_MAX_MODEL_SERIES, DEFAULT_SERIES_IDLE_S
 from hotset_common.worker_identity import BearerToken
 from hotset_worker import api, callers, engine, memory
 from hotset_worker.limits import DEFAULT_MAX_QUEUE as DEFAULT_MAX_MODEL_QUEUE
@@ -56,6 +57,8 @@ class Settings:
     memory_budget: int | None = None  # None: derived from the device
     gpu_reserve: int | None = None  # bytes of a GPU kept out of the budget; None: 1 GiB + 10% (memory.py)
     max_models: int | None = None
+    max_model_series: int = DEFAULT_MAX_MODEL_SERIES  # models with per-model metric series at once (metrics.py)
+    model_series_idle_s: float = DEFAULT_SERIES_IDLE_S
     triton_url: str = ""
     triton_repository: Path = Path("/models")
     pod_name: str = field(default_factory=socket.gethostname)
@@ -132,6 +135,10 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
         parser.error(f"--request-timeout-s must be positive, got {args.request_timeout_s}")
     if int(args.max_queue) < 0:
         parser.error(f"--max-queue must not be negative, got {args.max_queue}")
+    if int(args.max_model_series) < 0:
+        parser.error(f"--max-model-series must not be negative, got {args.max_model_series}")
+    if float(args.model_series_idle_s) <= 0:
+        parser.error(f"--model-series-idle-s must be positive, got {args.model_series_idle_s}")
     if float(args.load_timeout_s) <= 0:
         parser.error(f"--load-timeout-s must be positive, got {args.load_timeout_s}")
     if args.inference_threads not in (None, "") and int(args.inference_threads) < 1:
@@ -156,6 +163,8 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
             memory_budget=quantity.parse_bytes(args.memory_budget) if args.memory_budget else None,
             gpu_reserve=quantity.parse_bytes(args.gpu_reserve) if args.gpu_reserve not in (None, "") else None,
             max_models=int(args.max_models) if args.max_models not in (None, "") else None,
+            max_model_series=int(args.max_model_series),
+            model_series_idle_s=float(args.model_series_idle_s),
             triton_url=args.triton_url.strip(),
             triton_repository=Path(args.triton_repository),
             pod_name=args.pod_name or socket.gethostname(),
@@ -285,7 +294,8 @@ def build_app(settings: Settings, store: ModelStore | None = None,
                           cpu_cores=CoreSets.of_this_process(settings.vllm_cpu_cores_per_engine)
                           if device_name == "cpu" else None)
     backends = Backends([TritonBackend(settings.triton_url, settings.triton_repository), engines])
-    metrics = WorkerMetrics(settings.pod_name, budget)
+    metrics = WorkerMetrics(settings.pod_name, budget, max_models=settings.max_model_series,
+                            idle_s=settings.model_series_idle_s)
     engine_loads = EngineLoads(engines.live, engines.session, settings.pod_name, settings.vllm_metrics_interval_s)
     metrics.registry.register(engine_loads)  # the Inference Extension's model-server metrics, for its engines
     fetcher = build_fetcher(settings, metrics)

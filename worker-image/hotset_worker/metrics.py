@@ -3,24 +3,31 @@
 Every framework reports through the same series, so a dashboard needs one
 query per figure whatever runs the model.
 
-**Bounded at any catalog size.** Per-model series exist only for the models
-this pod holds a copy of (loading, loaded or unloading) and the last
-``recent_models`` models it held (so an eviction, or a model evicted a moment
-ago, is still visible by name). Any other model's events are counted under
-``model="_other"``, an aggregate; when a model leaves the recent ones its
-series are removed (a counter that comes back starts at 0, which
-Prometheus' ``rate``/``increase`` read as a reset). So a pod with 10,000
-models in its catalog and a few hundred loaded exposes a few hundred models'
-series, not 10,000.
+**Bounded at any catalog size, and at any number of copies held.** At most
+``max_models`` models have per-model series at a time, by recent use
+(``hotset_common.model_series``, the router's rule): a model gets them with
+its first event (a request, a load, an eviction) while there is room and
+loses them after ``idle_s`` without one. Every other model's events count
+under ``model="_other"``, an aggregate: its counters and histograms add up,
+and its gauges (bytes, requests in flight or queued) are the sums over the
+models in it, moved in and out as models lose and get their own series. A
+counter that comes back starts at 0 (``rate``/``increase`` read a reset).
+Before, every held copy had series: 5,000 copies were 195,000-262,000
+samples and 6-7 s per scrape; now a pod exports at most about
+``max_models`` x 54 per-model samples (the families below with their
+buckets, sums, counts and created), whatever it holds or can load.
+``hotset_model_series`` says how many models have series now.
 """
 from __future__ import annotations
 
-import collections
-from typing import Any
+import time
+from typing import Any, Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from hotset_common import metrics as names
+from hotset_common.model_series import (DEFAULT_MAX_MODEL_SERIES, DEFAULT_SERIES_IDLE_S, OTHER_MODELS,  # noqa: F401
+                                        UNKNOWN_MODEL, ModelSeries)
 from hotset_common.spec import ModelSpec
 from hotset_worker.token_meter import TokenFigures
 
@@ -31,23 +38,21 @@ _TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60
 _RATE_BUCKETS = (1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500)
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 _BATCH_WAIT_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1)
-UNKNOWN_MODEL = "_unknown"  # label for requests naming no model in the store (bounded cardinality)
-OTHER_MODELS = "_other"  # label for models this pod neither holds nor held recently (the aggregate)
-DEFAULT_RECENT_MODELS = 256
 
 
 class WorkerMetrics:
     """Implements the manager's observer and counts requests for the data plane."""
 
     def __init__(self, pod: str, memory_budget: int, registry: CollectorRegistry | None = None,
-                 recent_models: int = DEFAULT_RECENT_MODELS) -> None:
+                 max_models: int = DEFAULT_MAX_MODEL_SERIES, idle_s: float = DEFAULT_SERIES_IDLE_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.pod = pod
         self.registry = registry or CollectorRegistry()
-        self._held: collections.Counter[str] = collections.Counter()  # copies held per model
-        self._recent: collections.OrderedDict[str, None] = collections.OrderedDict()
-        self._recent_models = recent_models
-        self._children: dict[str, dict[tuple[Any, tuple[str, ...]], Any]] = {}  # model -> its series
-        self._other_gauges: dict[tuple[Any, str], dict[str, float]] = {}  # the aggregate's gauges, per model
+        self.series = ModelSeries(max_models, idle_s, clock, on_change=self._moved)
+        # Gauges by model: model -> metric -> (framework, value), nonzero values only. A model's value
+        # is in its own series while it has them, else in the aggregate's running total.
+        self._gauges: dict[str, dict[Any, tuple[str, float]]] = {}
+        self._other_totals: dict[tuple[Any, str], float] = {}  # (metric, framework) -> the aggregate's value
         model_labels = ["model", "framework", "pod"]
         self.requests = Counter(names.REQUESTS_TOTAL, "Inference requests by outcome", [*model_labels, "code"], registry=self.registry)
         self.request_seconds = Histogram(
@@ -115,67 +120,82 @@ class WorkerMetrics:
                                         model_labels, buckets=_BATCH_BUCKETS, registry=self.registry)
         self.batch_queue = Histogram(names.BATCH_QUEUE_SECONDS, "Seconds a request waited for its batch's pass to start",
                                      model_labels, buckets=_BATCH_WAIT_BUCKETS, registry=self.registry)
+        self.model_series = Gauge(names.MODEL_SERIES, "Models with per-model series of their own now", ["pod"],
+                                  registry=self.registry)
         self.budget.labels(pod).set(memory_budget)
         self.used.labels(pod).set(0)
 
     def _labels(self, spec: ModelSpec) -> tuple[str, str, str]:
-        model = spec.id if spec.id in self._held or spec.id in self._recent else OTHER_MODELS
-        return model, spec.framework.value, self.pod
+        """`spec`'s labels for an event of it now (the event counts as its use)."""
+        return self.series.label(spec.id), spec.framework.value, self.pod
 
     def _child(self, metric: Any, spec: ModelSpec | None, *extra: str) -> Any:
-        """`metric`'s series for `spec` (its own, or the aggregate's), remembered per model so that
-        it can be removed when the model leaves the recent ones."""
+        """`metric`'s series for `spec` (its own, or the aggregate's), remembered for its model's expiry."""
         labels = self._labels(spec) + extra if spec is not None else (UNKNOWN_MODEL, "", self.pod) + extra
-        series = self._children.setdefault(labels[0], {})
-        child = series.get((metric, labels))
-        if child is None:
-            child = series[(metric, labels)] = metric.labels(*labels)
-        return child
+        return self.series.child(metric, *labels)
 
-    # Copies held (the manager's observer): who gets series of their own.
+    # Copies held (the manager's observer): nothing to do, series follow use, not copies.
     def copy_added(self, spec: ModelSpec) -> None:
-        self._held[spec.id] += 1
-        self._recent.pop(spec.id, None)
+        pass
 
     def copy_gone(self, spec: ModelSpec) -> None:
-        self._held[spec.id] -= 1
-        if self._held[spec.id] > 0:
-            return
-        del self._held[spec.id]
-        self._recent[spec.id] = None
-        while len(self._recent) > self._recent_models:
-            model, _ = self._recent.popitem(last=False)
-            for metric, labels in self._children.pop(model, {}):
-                try:
-                    metric.remove(*labels)
-                except KeyError:
-                    pass
+        pass
 
-    def _set_gauge(self, metric: Any, spec: ModelSpec, value: float) -> None:
-        """An absolute per-model gauge; under the aggregate it is the sum over the models in it."""
-        labels = self._labels(spec)
-        if labels[0] != OTHER_MODELS:
-            self._child(metric, spec).set(value)
-            return
-        values = self._other_gauges.setdefault((metric, labels[1]), {})
+    def _set_gauge(self, metric: Any, spec: ModelSpec, value: float, drop_at_zero: bool = False) -> None:
+        """An absolute per-model gauge; under the aggregate it is the sum over the models in it.
+        `drop_at_zero`: at 0 the model's own series goes (what it measured went)."""
+        model, framework, pod = self._labels(spec)
+        values = self._gauges.setdefault(spec.id, {})
+        before = values.pop(metric, (framework, 0.0))[1]
         if value:
-            values[spec.id] = value
-        else:
-            values.pop(spec.id, None)
-        self._child(metric, spec).set(sum(values.values()))
+            values[metric] = (framework, value)
+        elif not values:
+            del self._gauges[spec.id]
+        if model != OTHER_MODELS:
+            if value or not drop_at_zero:
+                self.series.child(metric, model, framework, pod).set(value)
+            else:
+                self.series.forget(metric, model, framework, pod)
+            return
+        self._add_to_other(metric, framework, value - before)
+
+    def _add_to_other(self, metric: Any, framework: str, change: float) -> None:
+        if not change:
+            return
+        key = (metric, framework)
+        total = self._other_totals[key] = self._other_totals.get(key, 0.0) + change
+        metric.labels(OTHER_MODELS, framework, self.pod).set(total)
+
+    def _moved(self, model: str, has_series: bool) -> None:
+        """`model` got its own series (its gauges leave the aggregate) or lost them (they join it)."""
+        for metric, (framework, value) in self._gauges.get(model, {}).items():
+            if has_series:
+                self._add_to_other(metric, framework, -value)
+                self.series.child(metric, model, framework, self.pod).set(value)
+            else:
+                self._add_to_other(metric, framework, value)
 
     def series_models(self) -> int:
         """Models with series of their own now (tests and figures)."""
-        return len(self._children)
+        return len(self.series)
+
+    def before_scrape(self) -> None:
+        """On the event loop, before the exposition is rendered on a thread: idle models give their
+        series up, and the count of models with series is set."""
+        self.series.expire()
+        self.model_series.labels(self.pod).set(len(self.series))
 
     def share_weight(self, namespace: str, weight: float) -> None:
         self.share_weights.labels(namespace, self.pod).set(weight)
 
     def request_started(self, spec: ModelSpec) -> None:
-        self._child(self.inflight, spec).inc()
+        self._set_gauge(self.inflight, spec, self._gauge_value(self.inflight, spec) + 1)
 
     def request_ended(self, spec: ModelSpec) -> None:
-        self._child(self.inflight, spec).dec()
+        self._set_gauge(self.inflight, spec, max(0.0, self._gauge_value(self.inflight, spec) - 1))
+
+    def _gauge_value(self, metric: Any, spec: ModelSpec) -> float:
+        return self._gauges.get(spec.id, {}).get(metric, ("", 0.0))[1]
 
     # LimitObserver
     def concurrency_queue(self, spec: ModelSpec, waiting: int) -> None:
@@ -221,15 +241,7 @@ class WorkerMetrics:
         self._child(self.evictions, spec).inc()
 
     def model_bytes(self, spec: ModelSpec, size: int | None) -> None:
-        if size is None:
-            labels = self._labels(spec)
-            self._children.get(labels[0], {}).pop((self.bytes, labels), None)
-            try:
-                self.bytes.remove(*labels)
-            except KeyError:
-                pass
-        else:
-            self._child(self.bytes, spec).set(size)
+        self._set_gauge(self.bytes, spec, size or 0, drop_at_zero=True)
 
     def memory_used(self, used: int) -> None:
         self.used.labels(self.pod).set(used)

@@ -21,7 +21,9 @@ proportion to the catalog. Here each report is a page of a change log:
 
 Times in a record (seconds since last use, since loaded, since a failure)
 and the decayed request count are kept as of when the record was built and
-aged to the moment of each report, so an unchanged copy needs no new record.
+aged to the moment of each report (``hotset_common.status_follow.aged``, the
+rule a reader holding an unchanged record ages it by too), so an unchanged
+copy needs no new record.
 The pod's own figures (readiness, free bytes, queue) are in every report.
 """
 from __future__ import annotations
@@ -31,7 +33,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Iterable, Protocol
 
-from hotset_common import errors, wire
+from hotset_common import errors, status_follow, wire
 from hotset_common.spec import ModelSpec
 from hotset_worker.changes import ChangeFeed
 
@@ -127,19 +129,7 @@ class _Stamped:
     at: float
 
     def aged(self, now: float, half_life_s: float) -> wire.ModelCopy:
-        elapsed = now - self.at
-        copy = self.copy
-        if elapsed <= 0:
-            return copy
-        changed: dict[str, Any] = {}
-        if copy.state in (wire.CopyState.READY, wire.CopyState.UNLOADING):
-            changed["last_used_s"] = copy.last_used_s + elapsed
-            changed["loaded_at_s"] = copy.loaded_at_s + elapsed
-        if copy.state is wire.CopyState.FAILED:
-            changed["failed_at_s"] = copy.failed_at_s + elapsed
-        if copy.frequency:
-            changed["frequency"] = copy.frequency * 0.5 ** (elapsed / half_life_s)
-        return copy.model_copy(update=changed) if changed else copy
+        return status_follow.aged(self.copy, now - self.at, half_life_s)
 
 
 class ReportSource(Protocol):

@@ -11,7 +11,10 @@ ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 [ -z "${HOTSET_GOCACHE:-}${HOTSET_GOMODCACHE:-}" ] || exit 0
 . "$ROOT/scripts/go-env.sh"
 [ -d "$GOCACHE" ] || [ -d "$GOMODCACHE" ] || exit 0
-freed=$(du -sm "$GOCACHE" "$GOMODCACHE" 2>/dev/null | awk '{s += $1} END {print s + 0}')
+freed=0
+for dir in "$GOCACHE" "$GOMODCACHE"; do
+  [ -d "$dir" ] && freed=$((freed + $(du -sm "$dir" | cut -f1)))
+done
 # The module cache is read-only by design; `go clean -modcache` knows how to remove it.
 if [ -d "$GOMODCACHE" ]; then
   if command -v go >/dev/null; then go clean -modcache; fi

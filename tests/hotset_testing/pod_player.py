@@ -22,7 +22,8 @@ player registers, but nothing runs them. The player does, for worker pods:
   files land in a folder per pod, and the pod's variables naming a path
   under a mount name the same file there.
 
-``start_delay_s`` stands for image pull and container start, which this
+``namespace`` limits it to one namespace's pods (the session's tests share
+one Node name). ``start_delay_s`` stands for image pull and container start, which this
 machine does not have. What it does not emulate: probes after the first
 readiness, restarts, resource limits, rotating a token before it expires.
 """
@@ -71,7 +72,8 @@ class PodPlayer:
     """Runs the worker pods bound to one Node as local processes; ``with PodPlayer(...) as player:``."""
 
     def __init__(self, cluster: KubeCluster, workdir: Path, port: int, source_root: Path, node: str = "node-a",
-                 start_delay_s: float = 0.0, first_ip: str = "127.0.60.1", extra_args: tuple[str, ...] = ()) -> None:
+                 start_delay_s: float = 0.0, first_ip: str = "127.0.60.1", extra_args: tuple[str, ...] = (),
+                 namespace: str | None = None) -> None:
         from kubernetes import client, config
 
         self.cluster = cluster
@@ -81,6 +83,9 @@ class PodPlayer:
         self.node = node
         self.start_delay_s = start_delay_s
         self.extra_args = extra_args
+        # The session's one Node name is shared by every test: an earlier test's pods (its namespace
+        # still being deleted) are bound to it too, and are not this player's to run or count.
+        self.namespace = namespace
         self._api = config.new_client_from_config(str(cluster.kubeconfig))
         self._core = client.CoreV1Api(self._api)
         self._next_ip = ipaddress.IPv4Address(first_ip)
@@ -155,7 +160,9 @@ class PodPlayer:
         while not self._stop.is_set():
             try:
                 self._watch = watch.Watch()
-                for event in self._watch.stream(self._core.list_pod_for_all_namespaces, label_selector=SELECTOR,
+                listing = ((self._core.list_namespaced_pod, self.namespace) if self.namespace
+                           else (self._core.list_pod_for_all_namespaces,))
+                for event in self._watch.stream(*listing, label_selector=SELECTOR,
                                                 field_selector=f"spec.nodeName={self.node}", timeout_seconds=60):
                     self._on_pod(event["type"], event["object"])
                     if self._stop.is_set():

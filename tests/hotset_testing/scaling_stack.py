@@ -73,7 +73,8 @@ class ScalingStack:
             if self.identity:
                 self._make_identities()
             self.player = self._stack.enter_context(PodPlayer(self.kube, self.workdir / "pods", self.worker_port,
-                                                              self.models, start_delay_s=self.start_delay_s))
+                                                              self.models, start_delay_s=self.start_delay_s,
+                                                              namespace=self.namespace))
             self.operator = self._stack.enter_context(self._start_operator())
             self.router = self._stack.enter_context(self._start_router())
             processes.wait_http(self.router, "/v2/health/live", 60)

@@ -74,7 +74,20 @@ class KindPlatform:
         for component in ("operator", "router"):
             selector = f"app.kubernetes.io/component={component}"
             wait_for(f"the {component} pod Ready",
-                     lambda: any(is_true(p, "Ready") for p in self.kube.items("pods", "-l", selector)), timeout, 2.0)
+                     lambda: any(is_true(p, "Ready") for p in self.kube.items("pods", "-l", selector)), timeout, 2.0,
+                     show=lambda: self.pod_state(selector))
+
+    def pod_state(self, selector: str) -> str:
+        """Why pods matching `selector` are not Ready: their containers' states and their last log
+        lines (what a timed-out install reports, since the cluster is gone after the run)."""
+        found = []
+        for pod in self.kube.items("pods", "-l", selector):
+            statuses = pod.get("status", {}).get("containerStatuses") or []
+            states = {s["name"]: s.get("state") for s in statuses}
+            logs = self.kubectl.kubectl("logs", "-n", self.namespace, pod["metadata"]["name"], "--all-containers",
+                                        "--tail", "15", check=False).stdout
+            found.append(f"{pod['metadata']['name']}: {states} logs: {logs[-1500:]}")
+        return " | ".join(found) or "no pods"
 
     def _forward(self, target: str, remote_port: int) -> str:
         """A kubectl port-forward to target, started once and reused while it lives."""

@@ -152,6 +152,11 @@ def stop(pid: int, timeout_s: float = 60) -> list[str]:
     with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)
     (STATE / "started-by-hotset.pid").unlink(missing_ok=True)
+    # dockerd bind-mounts its data root onto itself; one stopped hard leaves the mount (and a cache
+    # folder that cannot be removed) behind.
+    if os.path.ismount(DATA_ROOT):
+        with contextlib.suppress(subprocess.SubprocessError, OSError):
+            subprocess.run(["umount", str(DATA_ROOT)], capture_output=True, timeout=60)
     # dockerd's parent cgroup in each hierarchy outlives it; an empty one goes with it.
     for group in Path("/sys/fs/cgroup").glob("*/docker"):
         with contextlib.suppress(OSError):

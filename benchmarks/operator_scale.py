@@ -424,14 +424,19 @@ def restarted(operator: Operator, models: int, limit_s: float) -> float | None:
     return None if took is None else took
 
 
+def audit_flags(workdir: Path, name: str) -> tuple[Path, list[str]]:
+    """The API server's flags that log every request (AUDIT_POLICY) to an audit log of its own; the log."""
+    audit = workdir / f"audit-{name}.log"
+    policy = workdir / "audit-policy.yaml"
+    policy.write_text(AUDIT_POLICY)
+    return audit, [f"--audit-policy-file={policy}", f"--audit-log-path={audit}", "--audit-log-maxsize=2000",
+                   "--audit-log-format=json"]
+
+
 def run_one(implementation: str, models: int, args: argparse.Namespace, workdir: Path,
             baseline: Path | None) -> Result:
     result = Result(implementation, models)
-    audit = workdir / f"audit-{implementation}-{models}.log"
-    policy = workdir / "audit-policy.yaml"
-    policy.write_text(AUDIT_POLICY)
-    flags = [f"--audit-policy-file={policy}", f"--audit-log-path={audit}", "--audit-log-maxsize=2000",
-             "--audit-log-format=json"]
+    audit, flags = audit_flags(workdir, f"{implementation}-{models}")
     crds = sorted((ROOT / "crds").glob("*.yaml"))
     with kube_cluster.running(workdir / f"kube-{implementation}-{models}", manifests=crds, apiserver_flags=flags) as cluster:
         kubeconfig = prepare_cluster(cluster, workdir)
@@ -526,11 +531,7 @@ def seen_copies(api: Api) -> int:
 
 def run_reporting(implementation: str, tree: Path | None, args: argparse.Namespace, workdir: Path) -> Reporting:
     result = Reporting(implementation, args.reporting_pods, args.reporting_models)
-    audit = workdir / f"audit-reporting-{implementation}.log"
-    policy = workdir / "audit-policy.yaml"
-    policy.write_text(AUDIT_POLICY)
-    flags = [f"--audit-policy-file={policy}", f"--audit-log-path={audit}", "--audit-log-maxsize=2000",
-             "--audit-log-format=json"]
+    audit, flags = audit_flags(workdir, f"reporting-{implementation}")
     crds = sorted((ROOT / "crds").glob("*.yaml"))
     port = processes.free_port()
     tag = implementation.replace(" ", "-")

@@ -38,23 +38,14 @@ import asyncio
 import json
 import os
 import random
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from baseline_tree import measure_in, unpack
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def unpack(ref: str, folder: Path) -> Path:
-    tree = folder / f"tree-{ref}"
-    tree.mkdir()
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", ref, "common", "router"], check=True,
-                             capture_output=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
-    return tree
 
 
 def cpu(call: Any, repeat: int = 1) -> float:
@@ -190,11 +181,12 @@ def measure(pods: int, models: int, copies: int) -> dict[str, Any]:
     return result
 
 
+PACKAGES = ("common", "router")
+
+
 def run_tree(tree: Path, args: argparse.Namespace) -> dict[str, Any]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree / "common"), str(tree / "router")])}
-    out = subprocess.run([sys.executable, __file__, "--inside", "--pods", str(args.pods), "--models", str(args.models),
-                          "--copies", str(args.copies)], env=env, check=True, capture_output=True, text=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    return measure_in(tree, PACKAGES, __file__, "--pods", str(args.pods), "--models", str(args.models),
+                      "--copies", str(args.copies))
 
 
 ROWS = [
@@ -239,7 +231,7 @@ def main() -> int:
         print(json.dumps(measure(args.pods, args.models, args.copies)))
         return 0
     with tempfile.TemporaryDirectory(prefix="router-functions-") as tmp:
-        trees = [("this tree", ROOT)] + ([(args.baseline, unpack(args.baseline, Path(tmp)))] if args.baseline else [])
+        trees = [("this tree", ROOT)] + ([(args.baseline, unpack(args.baseline, Path(tmp), *PACKAGES))] if args.baseline else [])
         results = {label: run_tree(tree, args) for label, tree in trees}
     print(f"router functions at scale: {args.pods} pods x {args.models} models, {args.copies} copies per pod "
           f"(thread CPU time; load average {os.getloadavg()[0]:.1f})")

@@ -57,6 +57,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
+from baseline_tree import unpack  # noqa: E402
 from hotset_testing.processes import Process, free_port, spawn  # noqa: E402
 
 STANDINS = ROOT / "tests" / "hotset_testing" / "standin_pods.py"
@@ -82,16 +83,6 @@ def percentile(values: list[float], q: float) -> float:
         return float("nan")
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-def unpack(ref: str, folder: Path) -> Path:
-    """The router and common packages of `ref`, unpacked from git (no worktree is created)."""
-    tree = folder / f"tree-{ref}"
-    tree.mkdir()
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", ref, "common", "router"], check=True,
-                             capture_output=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
-    return tree
 
 
 def start_standins(args: argparse.Namespace, folder: Path) -> tuple[Process, dict[str, Any]]:
@@ -423,7 +414,7 @@ def main() -> int:
         folder = Path(tmp)
         trees = [(ROOT, "this tree")]
         if args.baseline:
-            trees.append((unpack(args.baseline, folder), args.baseline))
+            trees.append((unpack(args.baseline, folder, "common", "router"), args.baseline))
             if args.baseline_first:
                 trees.reverse()
         standins, layout = start_standins(args, folder)

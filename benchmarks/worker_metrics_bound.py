@@ -17,27 +17,16 @@ density", says which machine ran it.
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
-import subprocess
-import sys
-import tarfile
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from baseline_tree import measure_in, unpack
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def unpack(ref: str, folder: Path) -> Path:
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", ref, "common", "worker-image"], check=True,
-                             capture_output=True).stdout
-    tree = folder / f"tree-{ref}"
-    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-        tar.extractall(tree)
-    return tree
 
 
 def measure(models: int, renders: int) -> dict[str, Any]:
@@ -72,11 +61,11 @@ def measure(models: int, renders: int) -> dict[str, Any]:
             "render_s": min(walls), "render_cpu_s": min(cpus)}
 
 
+PACKAGES = ("common", "worker-image")
+
+
 def run_tree(tree: Path, args: argparse.Namespace) -> dict[str, Any]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree / "common"), str(tree / "worker-image")])}
-    out = subprocess.run([sys.executable, __file__, "--inside", "--models", str(args.models), "--renders",
-                          str(args.renders)], env=env, check=True, capture_output=True, text=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    return measure_in(tree, PACKAGES, __file__, "--models", str(args.models), "--renders", str(args.renders))
 
 
 def main() -> int:
@@ -90,7 +79,7 @@ def main() -> int:
         print(json.dumps(measure(args.models, args.renders)))
         return 0
     with tempfile.TemporaryDirectory(prefix="worker-metrics-") as tmp:
-        trees = [("this tree", ROOT)] + ([(args.baseline, unpack(args.baseline, Path(tmp)))] if args.baseline else [])
+        trees = [("this tree", ROOT)] + ([(args.baseline, unpack(args.baseline, Path(tmp), *PACKAGES))] if args.baseline else [])
         results = {label: run_tree(tree, args) for label, tree in trees}
     print(f"worker /metrics with {args.models:,} copies held, each loaded and served once "
           f"(best of {args.renders} renders; load average {os.getloadavg()[0]:.1f})")

@@ -12,7 +12,7 @@ from typing import Any, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from hotset_common import quantity, wire
+from hotset_common import model_series, quantity, wire
 from hotset_common.budget import BudgetMode
 from hotset_common.spec import Scheduling
 from hotset_common.worker_identity import WorkerIdentity
@@ -154,6 +154,13 @@ class OperatorConfig(BaseModel):
     # Overreach bound: the pods of all dedicated groups together.
     max_dedicated_pods: int = Field(16, ge=0)
     drain_seconds: int = Field(5, ge=0)
+    # Per-model metric series each worker pod keeps (the chart's workers.metrics): at thousands of
+    # models the pods' series, not the models, are what a Prometheus pays for (docs/worker.md,
+    # "Metrics at any catalog size").
+    worker_max_model_series: int = Field(model_series.DEFAULT_MAX_MODEL_SERIES, ge=0, description="models with "
+                                         "per-model metric series on each worker pod at once, by recent use")
+    worker_model_series_idle_s: float = Field(model_series.DEFAULT_SERIES_IDLE_S, gt=0, description="a model's "
+                                              "series on a worker pod go after this long without a request")
     startup_probe_failure_threshold: int = Field(120, ge=1, description="x 5 s: slow first loads")
     require_owner: bool = Field(False, description="every ServedModel names spec.owner and spec.oncall "
                                 "(policy.requireOwner; a namespace's ModelQuota can require it too)")

@@ -276,6 +276,8 @@ def build_worker_container(config: OperatorConfig, pinned: Sequence[str], namesp
         Opt.FILE_ROOTS.variable(",".join(config.file_roots)),
         Opt.TRITON_BACKENDS.variable(",".join(config.triton_backends)),
         Opt.DRAIN_SECONDS.variable(config.drain_seconds),
+        Opt.MAX_MODEL_SERIES.variable(config.worker_max_model_series),
+        Opt.MODEL_SERIES_IDLE_S.variable(f"{config.worker_model_series_idle_s:g}"),
         *_source_env(config),
         {"name": "HOME", "value": "/tmp"},
     ]

@@ -12,8 +12,11 @@ import yaml
 from hotset_common import worker_identity as identity
 from hotset_common.budget import BudgetMode
 from hotset_common.worker_identity import WorkerIdentity
+from hotset_common.model_series import DEFAULT_MAX_MODEL_SERIES, DEFAULT_SERIES_IDLE_S
+from hotset_operator import workloads
 from hotset_operator.config import ENV_PREFIX, OperatorConfig
 from hotset_router import main as router_main
+from hotset_worker import main as worker_main
 from hotset_testing import chart
 from hotset_testing.chart import CHART
 from hotset_testing.kube_cluster import KubeCluster
@@ -187,6 +190,26 @@ def test_chart_settings_are_ones_the_operator_reads(kube_cluster: KubeCluster) -
     assert config.pod_budget_mode is BudgetMode.HARD
     assert config.gpu_shared_memory == 4 * 2**30
     assert config.worker_identity is WorkerIdentity.POD_TOKEN  # the chart's only way: no shared token
+
+
+def _worker_settings_from_chart(kube: KubeCluster, *sets: str) -> worker_main.Settings:
+    """What a worker pod of this install runs with: chart values -> the operator's env -> its
+    config -> the worker container it writes -> the worker's own option parser."""
+    documents = chart.render(kube, *[arg for value in sets for arg in ("--set", value)])
+    config = OperatorConfig.from_env(chart.env_values(chart.document(documents, "Deployment", "hotset-operator")),
+                                     namespace="ml")
+    container = workloads.build_worker_container(config, [])
+    env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    return worker_main.parse_settings([], env)
+
+
+def test_worker_metric_limits_reach_every_worker_pod(kube_cluster: KubeCluster) -> None:
+    """At thousands of models a platform raises the workers' per-model series limit from the chart."""
+    defaults = _worker_settings_from_chart(kube_cluster)
+    assert (defaults.max_model_series, defaults.model_series_idle_s) == (DEFAULT_MAX_MODEL_SERIES, DEFAULT_SERIES_IDLE_S)
+    raised = _worker_settings_from_chart(kube_cluster, "workers.metrics.maxModelSeries=2000",
+                                         "workers.metrics.modelSeriesIdleSeconds=60")
+    assert (raised.max_model_series, raised.model_series_idle_s) == (2000, 60.0)
 
 
 def _router_env(kube: KubeCluster, *sets: str) -> list[dict]:

@@ -20,8 +20,10 @@ under a ServiceAccount of its own:
    feed serves all N models and nothing is left to write; today's: every ServedModel's resume
    handler done), the API writes it made meanwhile, and its admission decisions.
 
-Today's operator is the commit before this landing (``--baseline``, default d516879), run
-from a ``git archive`` of its ``common`` and ``operator`` folders at the sizes it can manage.
+Today's operator is the commit ``--baseline`` names (docs/benchmarks.md measured d516879, the
+operator before this landing, of the history before the rename that this repository does not
+carry; benchmarks/baseline_tree.py), run from a ``git archive`` of its ``common`` and
+``operator`` folders at the sizes it can manage. Without one only this tree is measured.
 Nodes are not registered, so pool pods stay Pending: no worker reports, as in a cluster whose
 pools are idle.
 
@@ -44,7 +46,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
-import io
 import json
 import os
 import shutil
@@ -53,7 +54,6 @@ import ssl
 import statistics
 import subprocess
 import sys
-import tarfile
 import tempfile
 import threading
 import time
@@ -71,6 +71,7 @@ from hotset_common.model_store import CatalogUpdate  # noqa: E402
 from hotset_testing import kube_cluster, processes  # noqa: E402
 from hotset_testing.kube_cluster import KubeCluster  # noqa: E402
 from hotset_worker.store import FollowedModelStore  # noqa: E402
+from baseline_tree import present, unpack  # noqa: E402
 
 NAMESPACE = "bench"
 ACCOUNT = "hotset-operator"
@@ -271,14 +272,8 @@ class Operator:
 
 
 def baseline_tree(commit: str, workdir: Path) -> Path | None:
-    """`common` and `operator` of `commit`, unpacked (None: that commit is not in this clone)."""
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", commit, "common", "operator"], capture_output=True)
-    if archive.returncode != 0:
-        return None
-    tree = workdir / f"baseline-{commit}"
-    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
-        tar.extractall(tree)
-    return tree
+    """`common` and `operator` of `commit`, unpacked (None: none named, or not in this clone)."""
+    return unpack(commit, workdir, "common", "operator") if commit and present(commit) else None
 
 
 def operator_for(implementation: str, kubeconfig: Path, workdir: Path, baseline: Path | None) -> Operator:
@@ -655,7 +650,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="1000,5000,10000")
     parser.add_argument("--baseline-sizes", default="300,1000", help="sizes for today's operator ('' : none)")
-    parser.add_argument("--baseline", default="d516879", help="the commit of today's operator")
+    parser.add_argument("--baseline", default="", help="the commit of today's operator ('': none)")
     parser.add_argument("--steady-s", type=float, default=30.0)
     parser.add_argument("--settle-s", type=float, default=10.0)
     parser.add_argument("--accept-limit-s", type=float, default=300.0)
@@ -683,7 +678,7 @@ def main() -> None:
         runs += [("this landing", int(n)) for n in args.sizes.split(",") if n]
         if args.only_reporting:
             runs = []
-        if args.baseline_sizes and baseline is None:
+        if args.baseline_sizes and args.baseline and baseline is None:
             print(f"commit {args.baseline} is not in this clone: today's operator is not measured")
         for implementation, models in sorted(runs, key=lambda run: (run[1], run[0] != "today")):
             print(f"--- {implementation}, {models:,} ServedModels", flush=True)

@@ -224,7 +224,8 @@ def main() -> int:
     parser.add_argument("--pods", type=int, default=50)
     parser.add_argument("--models", type=int, default=10_000)
     parser.add_argument("--copies", type=int, default=200, help="copies per pod")
-    parser.add_argument("--baseline", default="d516879")
+    parser.add_argument("--baseline", default="", help="the older tree to measure beside this one ('': none; "
+                        "docs/benchmarks.md's was d516879, see baseline_tree.py)")
     parser.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.inside:

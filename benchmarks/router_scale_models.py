@@ -12,8 +12,9 @@ What runs, each in a process of its own on loopback:
   a 10 ms timer whose lateness is what any request waited behind other work);
 - this driver: the load generator.
 
-For each tree (``--baseline REF``, default d516879, the last commit before
-delta reports; its router is unpacked with ``git archive``), in turn:
+For each tree (this one, and ``--baseline REF`` where named: docs/benchmarks.md's
+figures are beside d516879, the last commit before delta reports, of the history
+before the rename; its router is unpacked with ``git archive``), in turn:
 
 1. **idle**: no requests for ``--idle-seconds``: the router's CPU (from
    /proc) and its event-loop lag, with the status sync and the copy loop
@@ -404,7 +405,8 @@ def main() -> int:
     parser.add_argument("--settle-seconds", type=float, default=5.0)
     parser.add_argument("--ready-timeout", type=float, default=180.0)
     parser.add_argument("--request-timeout", type=float, default=30.0)
-    parser.add_argument("--baseline", default="d516879", help="the older tree to measure beside this one ('': none)")
+    parser.add_argument("--baseline", default="", help="the older tree to measure beside this one ('': none; "
+                        "docs/benchmarks.md's was d516879, see baseline_tree.py)")
     parser.add_argument("--baseline-first", action="store_true", help="measure the older tree first")
     parser.add_argument("--profile-dir", default="", help="record the router with py-spy during the open loop")
     parser.add_argument("--vegeta", default=default_vegeta(),

@@ -23,7 +23,7 @@ BENCHMARKS: list[list[str]] = [
     ["worker_head_of_line.py"],
     ["router_overhead.py"],
     ["router_callers.py"],  # what checking callers adds per request (docs/benchmarks.md)
-    # Scale in models (docs/benchmarks.md): the router at 50 pods x 10,000 models, beside d516879.
+    # Scale in models (docs/benchmarks.md): the router at 50 pods x 10,000 models.
     ["router_scale_models.py"],
     ["router_scale_functions.py"],
     ["router_placement_density.py"],

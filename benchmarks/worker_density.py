@@ -15,7 +15,10 @@ model of its own, loaded from the same folder). The script:
    copy, from ``--concurrency`` closed-loop clients, and prints p50/p99; then,
    side by side and alternating (two rounds each), the same number of
    requests for one copy and for all of them, with the worker's own CPU time
-   per request: what density adds to a request, apart from the request itself;
+   per request: what density adds to a request, apart from the request itself.
+   Both at ``--concurrency`` and at 1: requests for one copy that arrive
+   together share a forward pass (dynamic batching) where spread ones cannot,
+   so only concurrency 1 compares the same work per request;
 4. times ``GET /models`` (paged and whole) and ``GET /metrics``, and counts
    the series ``/metrics`` holds.
 
@@ -206,7 +209,8 @@ def main() -> None:
             trace = random.Random(1).choices(ids, k=args.requests)
             warm = asyncio.run(warm_requests(url, trace, args.concurrency))
             after_requests = memory_of(child.pid)
-            side_by_side = one_copy_against_all(url, child.pid, ids, args.requests, args.concurrency)
+            side_by_side = [{"concurrency": concurrency, **row} for concurrency in (1, args.concurrency)
+                            for row in one_copy_against_all(url, child.pid, ids, args.requests, concurrency)]
             opened = open_loop_one_against_all(url, ids, args.rate, args.open_seconds)
             models_paged = timed_get(url, "/models?limit=100")
             models_whole = timed_get(url, "/models")
@@ -224,16 +228,20 @@ def main() -> None:
         print(f"  after every copy served requests: {(per_copy_after - weights) / 2**20:.3f} MiB beyond its weights")
     print(f"loads: {copies} in {load_s:.1f} s ({copies / load_s:.0f}/s)")
     print(f"warm requests over {args.copies} copies at concurrency {args.concurrency}: {json.dumps(warm)} (target p99 <= 10 ms)")
-    print("| round | requests for | req/s | p50 ms | p99 ms | worker CPU ms per request | failed |")
-    print("|---|---|---|---|---|---|---|")
+    print("| clients | round | requests for | req/s | p50 ms | p99 ms | worker CPU ms per request | failed |")
+    print("|---|---|---|---|---|---|---|---|")
     for row in side_by_side:
-        print(f"| {row['round']} | {row['target']} | {row['req_s']} | {row['p50_ms']} | {row['p99_ms']} | "
-              f"{row['worker_cpu_ms_per_request']} | {row['failed']} |")
-    mean = {name: statistics.fmean(r["worker_cpu_ms_per_request"] for r in side_by_side if r["target"] == name)
-            for name in ("one copy", "all copies")}
-    print(f"worker CPU per request, all copies / one copy: {mean['all copies'] / mean['one copy']:.2f}x; "
-          f"a closed loop of {args.concurrency} on {psutil.cpu_count()} cores cannot beat "
-          f"{args.concurrency * mean['all copies'] / psutil.cpu_count():.1f} ms at p50 with the worker's own CPU alone")
+        print(f"| {row['concurrency']} | {row['round']} | {row['target']} | {row['req_s']} | {row['p50_ms']} | "
+              f"{row['p99_ms']} | {row['worker_cpu_ms_per_request']} | {row['failed']} |")
+    for concurrency in (1, args.concurrency):
+        mean = {name: statistics.fmean(r["worker_cpu_ms_per_request"] for r in side_by_side
+                                       if r["target"] == name and r["concurrency"] == concurrency)
+                for name in ("one copy", "all copies")}
+        print(f"worker CPU per request at concurrency {concurrency}, all copies / one copy: "
+              f"{mean['all copies'] / mean['one copy']:.2f}x"
+              + ("" if concurrency == 1 else
+                 f"; a closed loop of {concurrency} on {psutil.cpu_count()} cores cannot beat "
+                 f"{concurrency * mean['all copies'] / psutil.cpu_count():.1f} ms at p50 with the worker's own CPU alone"))
     print(f"open loop at {args.rate:g} req/s, {args.open_seconds:g} s a run (the second harness):")
     print("| round | requests for | p50 ms | p99 ms | sender lag p99 ms | failed |")
     print("|---|---|---|---|---|---|")

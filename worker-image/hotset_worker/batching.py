@@ -91,10 +91,11 @@ class Batcher:
         """Queue one request (`rows`: an estimate of its rows; `prepare` checks its input on the
         inference thread) and return its answer once its pass ran."""
         loop = asyncio.get_running_loop()
-        item = _Item(max(1, rows), prepare, loop.create_future(), self._clock.now())
+        now = self._clock.now()
+        item = _Item(max(1, rows), prepare, loop.create_future(), now)
         self._queue.append(item)
         self._queued_rows += item.rows
-        self._start_passes()
+        self._start_passes(now)  # the same reading: a request that starts at once records no wait at all
         try:
             answer, pass_s = await asyncio.shield(item.answer)
             timing.pass_s += pass_s
@@ -110,20 +111,26 @@ class Batcher:
             if item.started:
                 timing.waited_s += item.started - item.arrived
 
-    def _start_passes(self) -> None:
+    def _start_passes(self, now: float | None = None) -> None:
         """Start every pass that may start now: a slot is free and either no pass of this copy runs
         (a lone request never waits), the batch is full, or the oldest request's window closed;
-        otherwise wake up when that window closes."""
+        otherwise wake up when that window closes. A request's wait ends when its batch is taken
+        here (`now`: the clock's reading, when the caller has one), not when the pass's task first
+        runs: the loop's scheduling is no batch wait, and a lone request's wait is then exactly
+        zero in Server-Timing and ``hotset_batch_queue_seconds``."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        now = self._clock.now() if now is None else now
         while self._queue and self._running < self.max_passes:
             if self._running and self._queued_rows < self.max_rows:
                 closes = self._queue[0].arrived + self.max_delay_s
-                if self._clock.now() < closes:
+                if now < closes:
                     self._timer = self._clock.call_at(closes, self._start_passes)
                     return
             batch = self._take()
+            for item in batch:
+                item.started = now
             self._running += 1
             task = asyncio.ensure_future(self._pass(batch))
             self._passes.add(task)
@@ -148,9 +155,6 @@ class Batcher:
             self._start_passes()
 
     async def _run_pass(self, batch: list[_Item]) -> None:
-        now = self._clock.now()
-        for item in batch:
-            item.started = now
         self.passes += 1
         try:
             outcomes, seconds, rows = await self._run(sum(item.rows for item in batch), run_pass, self.worker,

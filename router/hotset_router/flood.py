@@ -23,10 +23,11 @@ none: a client could hold any number of 64 MiB bodies). The bounds:
   (or its stream opens);
 - per namespace, its weighted share of the slots, work-conserving
   (``hotset_common.shares``): a namespace takes a free slot while it holds
-  less than its share, ``(max_requests - R) x w / W``, where w is its
+  less than its share, ``(max_requests - R - U) x w / W``, where w is its
   ModelQuota's ``servingWeight``, W the weights of the namespaces holding
-  slots now (its own included) and R a small reserve (1/32 of the slots)
-  for a namespace not yet served; past its share, it takes one only while
+  slots now (its own included), R a small reserve (1/32 of the slots, at
+  least one) for a namespace not yet served and U the slots of requests
+  with no namespace or whose model is not known yet; past its share, it takes one only while
   more than R slots stay free besides what the other namespaces holding
   slots are still owed under their shares. So a namespace alone may hold
   all but R slots (idle slots are never refused: the old rule,

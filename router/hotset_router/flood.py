@@ -21,15 +21,22 @@ none: a client could hold any number of 64 MiB bodies). The bounds:
 - at most ``max_cold_waiters`` requests per model waiting for a model that
   has no ready copy yet; the wait ends when the request's worker answers
   (or its stream opens);
-- per namespace, at most its weighted share of the slots: a namespace may
-  hold ``max_requests x w / (W + 1)``, where w is its ModelQuota's
-  ``servingWeight``, W the weights of the namespaces holding slots now (its
-  own included), and the 1 keeps room for a namespace that is not yet
-  served. So one namespace alone may hold half the slots, two of equal
-  weight a third each, and a namespace that floods the router is refused
-  (503, Retry-After, naming its share) while the others still get in. A
-  model without a namespace (the local stack, a standalone router) is not
-  counted.
+- per namespace, its weighted share of the slots, work-conserving
+  (``hotset_common.shares``): a namespace takes a free slot while it holds
+  less than its share, ``(max_requests - R - U) x w / W``, where w is its
+  ModelQuota's ``servingWeight``, W the weights of the namespaces holding
+  slots now (its own included), R a small reserve (1/32 of the slots, at
+  least one) for a namespace not yet served and U the slots of requests
+  with no namespace or whose model is not known yet; past its share, it takes one only while
+  more than R slots stay free besides what the other namespaces holding
+  slots are still owed under their shares. So a namespace alone may hold
+  all but R slots (idle slots are never refused: the old rule,
+  ``max_requests x w / (W + 1)``, left half of them idle), and when a
+  second namespace arrives it gets the R at once and every slot the first
+  gives back until it holds its share, while the first is refused (503,
+  Retry-After, naming its share). Slots are never taken back: a request
+  runs to its end. A model without a namespace (the local stack, a
+  standalone router) is not counted in any share, only in the slots.
 
 Why refuse at once instead of queueing: these bounds protect the router's
 own memory and event loop, and a request held here would still hold its
@@ -42,7 +49,7 @@ import dataclasses
 from typing import Any, Awaitable, Callable, Mapping
 
 from hotset_common import errors
-from hotset_common.shares import share_of
+from hotset_common.shares import over_share
 from hotset_common.spec import DEFAULT_SERVING_WEIGHT
 
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -144,15 +151,12 @@ class FloodGuard:
         namespace = self.namespace_of(model) if ticket.serving and ticket.namespace is None else None
         if not namespace:
             return
+        # this request's slot is counted in self.requests already (read_body, admit_whole)
+        over = over_share(self.limits.max_requests, self.requests - 1, namespace, self.held, self.weight_of)
+        if over is not None:
+            slots = f"the router's {self.limits.max_requests} request slots"
+            raise errors.NoCapacity(f"{over.describe(slots)}; retry shortly", self.retry_after_s)
         held = self.held.get(namespace, 0)
-        weight = self.weight_of(namespace)
-        weights = weight + sum(self.weight_of(other) for other in self.held if other != namespace)
-        share = share_of(self.limits.max_requests, weight, weights)
-        if held >= share:
-            raise errors.NoCapacity(
-                f"namespace {namespace!r} holds {held} of the router's {self.limits.max_requests} request slots, its "
-                f"share while {len(self.held)} namespaces are served (servingWeight {weight:g} of {weights:g}); "
-                "retry shortly", self.retry_after_s)
         self.held[namespace] = held + 1
         ticket.namespace = namespace
 

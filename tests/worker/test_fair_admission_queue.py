@@ -1,6 +1,7 @@
 """The admission queue is shared fairly between namespaces: a cold model of namespace B is loaded
-next but one, not behind every cold model namespace A queued first; weights share the loads; and a
-namespace may hold only its share of the queue's places. Real manager, ballast models; room for
+next but one, not behind every cold model namespace A queued first; weights share the loads; and
+the queue's places are shared work-conserving: a namespace alone uses them, one arriving later
+gets the reserve at once and the places the first gives back. Real manager, ballast models; room for
 one copy, held by a request while the queue fills: the first request is promised that room (its
 load starts once the holder is done) and every later one waits its turn in the queue."""
 from __future__ import annotations
@@ -85,25 +86,39 @@ async def test_weights_share_the_loads(tmp_path) -> None:
         await manager.close()
 
 
-async def test_a_namespace_holds_only_its_share_of_the_places(tmp_path) -> None:
-    store = store_of(tmp_path, {"hold": "", **{f"a{i}": "a" for i in range(6)}, "b0": "b", "local": ""})
+async def test_a_namespace_alone_uses_the_places_and_a_second_gets_the_ones_it_gives_back(tmp_path) -> None:
+    """Work-conserving places (hotset_common.shares): 8 places, a reserve of 1. A local request
+    (no namespace) takes one, so `a` alone may hold 8 - 1 - 1 = 6; `b` then gets the reserve at
+    once, and the place a client of `a` gives up is `b`'s, not `a`'s."""
+    store = store_of(tmp_path, {"hold": "", **{f"a{i}": "a" for i in range(8)}, "b0": "b", "b1": "b", "local": ""})
     manager = ballast.manager(store, budget=64 * MiB, max_models=1, admission_control=False, max_queue=8)
+
+    async def queue(model_id: str) -> asyncio.Task:
+        task = asyncio.create_task(ballast.predict(manager, model_id, timeout_s=30))
+        await until(lambda: waits_or_loads(manager, model_id), f"{model_id} queued")
+        return task
+
+    async def refused(model_id: str) -> str:
+        with pytest.raises(errors.NoCapacity) as refusal:
+            await ballast.predict(manager, model_id, timeout_s=30)
+        assert int(refusal.value.headers["Retry-After"]) >= 1
+        return str(refusal.value)
+
     try:
         await manager.load("hold")
-        tasks: list[asyncio.Task] = []
         async with manager.use("hold"):
-            for number in range(5):  # a0 is promised the room; alone, a may hold 8 * 1 / (1 + 1) = 4 places
-                tasks.append(asyncio.create_task(ballast.predict(manager, f"a{number}", timeout_s=30)))
-                await until(lambda: waits_or_loads(manager, f"a{number}"), "a's request queued")
-            assert manager.queued_requests() == 4
-            with pytest.raises(errors.NoCapacity) as refused:
-                await ballast.predict(manager, "a5", timeout_s=30)
-            assert "namespace 'a' holds 4 of the admission queue's 8 places" in str(refused.value)
-            assert int(refused.value.headers["Retry-After"]) >= 1
-            tasks.append(asyncio.create_task(ballast.predict(manager, "b0", timeout_s=30)))  # another namespace still queues
-            tasks.append(asyncio.create_task(ballast.predict(manager, "local", timeout_s=30)))  # no namespace: not limited
-            await until(lambda: manager.queued_requests() == 6, "b0 and local queued")
-        assert sorted(await asyncio.gather(*tasks)) == ["a0", "a1", "a2", "a3", "a4", "b0", "local"]
-        assert ballast.LOADS["a5"] == 0  # refused before it could load, evicting nothing
+            tasks = [await queue("a0"), await queue("local")]  # a0 is promised the room; local is in no share
+            tasks += [await queue(f"a{number}") for number in range(1, 7)]  # the old rule stopped `a` at 8 x 1 / (1 + 1)
+            assert manager.queued_requests() == 7
+            assert "namespace 'a' holds 6 of the admission queue's 8 places, at or past its share of 6" in await refused("a7")
+            tasks.append(await queue("b0"))  # the reserve: a namespace not yet waiting queues at once
+            assert "the admission queue is full" in await refused("b1")
+            gone = tasks.pop(7)  # a6's client gives up: its place is freed
+            gone.cancel()
+            await until(lambda: manager.queued_requests() == 7, "a6 gone")
+            assert "its share of 3 " in await refused("a7")  # (8 - 1 - 1) x 1 / 2; the free place is owed to b
+            tasks.append(await queue("b1"))
+        assert sorted(await asyncio.gather(*tasks)) == ["a0", "a1", "a2", "a3", "a4", "a5", "b0", "b1", "local"]
+        assert ballast.LOADS["a7"] == 0  # refused before it could load, evicting nothing
     finally:
         await manager.close()

@@ -21,9 +21,13 @@ Which ticket is the head, in this order:
 3. **Within a namespace**: realtime models first (``LatencyClass``: their
    callers wait in a request path), then first come first served.
 
-And places: a namespace may hold at most its weighted share of the queue's
-requests (``hotset_common.shares``), so one namespace's flood of cold
-requests fills its share and is refused (503) while others still queue.
+And places: a namespace takes its weighted share of the queue's requests,
+work-conserving (``hotset_common.shares``, the rule the router's request
+slots use): alone it may hold all but a small reserve of the places, and
+past its share it joins only while the places the other waiting namespaces
+are still owed (and the reserve, for a namespace not yet waiting) stay
+free. So one namespace's flood of cold requests is refused (503) once
+others wait, while they still queue and get the places it gives back.
 Models with no namespace (a local store) are one group, never limited.
 """
 from __future__ import annotations
@@ -33,7 +37,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from hotset_common import errors
-from hotset_common.shares import share_of
+from hotset_common.shares import over_share
 from hotset_common.spec import DEFAULT_SERVING_WEIGHT, LatencyClass, ModelSpec
 from hotset_worker.copy_table import Copy
 
@@ -70,18 +74,13 @@ class AdmissionQueue:
 
     def over_share(self, spec: ModelSpec) -> str | None:
         """Why a request for `spec` may not join because its namespace holds its share of the
-        places already; None when it may."""
+        places and the free ones are kept for the others'; None when it may. Called after
+        `is_full` (the total bound has its own refusal)."""
         namespace = spec.namespace
         if not namespace:
             return None
-        held = self._waiting.get(namespace, 0)
-        weight = self.weight_of(namespace)
-        weights = weight + sum(self.weight_of(other) for other in self._waiting if other != namespace)
-        share = share_of(self.max_requests, weight, weights)
-        if held < share:
-            return None
-        return (f"namespace {namespace!r} holds {held} of the admission queue's {self.max_requests} places, its share "
-                f"while {len(self._waiting | {namespace: 0})} namespaces wait (servingWeight {weight:g} of {weights:g})")
+        over = over_share(self.max_requests, self.requests, namespace, self._waiting, self.weight_of)
+        return None if over is None else over.describe(f"the admission queue's {self.max_requests} places")
 
     def get(self, model_id: str) -> Ticket | None:
         return self.tickets.get(model_id)

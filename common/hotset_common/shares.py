@@ -9,7 +9,7 @@ while ``in_use`` places are taken (by every namespace, and by requests of no nam
 namespace)``. N gets the place when one is free and either
 
 1. N holds less than its share, or
-2. after taking it, more than ``R`` places stay free besides what the other namespaces holding
+2. after taking it, at least ``R`` places stay free besides what the other namespaces holding
    places are still owed (each one's share less what it holds, where it holds less).
 
 Places held by no namespace (a local store's models; at the router, also requests whose model is

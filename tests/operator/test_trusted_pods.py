@@ -111,7 +111,12 @@ def test_the_operator_makes_worker_deployments_but_no_pods_of_its_own(guarded: C
                     f"--serviceaccount={guarded.namespace}:hotset-operator")
     pool = _deployment("pool", WORKER)
     pool["spec"]["template"]["spec"]["serviceAccountName"] = "hotset-worker"
+    pool["spec"]["template"]["spec"]["automountServiceAccountToken"] = False  # worker pods mount no API token
     assert _create(guarded, pool, f"--as={operator}").returncode == 0
+    # ... and only worker pods: not one as another account (test_helm_chart_all_namespaces.py has the rest)
+    pool["spec"]["template"]["spec"]["serviceAccountName"] = "default"
+    other = _create(guarded, pool, f"--as={operator}")
+    assert other.returncode != 0 and "pool in " + guarded.namespace + " runs as ServiceAccount default" in other.stderr
     pod = _create(guarded, _pod("by-hand", WORKER), f"--as={operator}")
     assert pod.returncode != 0 and "serviceaccounts/token for hotset-worker" in pod.stderr
 

@@ -59,6 +59,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 from baseline_tree import unpack  # noqa: E402
+import vegeta  # noqa: E402
 from hotset_testing.processes import Process, free_port, spawn  # noqa: E402
 
 STANDINS = ROOT / "tests" / "hotset_testing" / "standin_pods.py"
@@ -210,28 +211,7 @@ async def closed_loop(base: str, layout: dict[str, Any] | None, models: list[str
     return seconds, len(seconds) / wall, failed
 
 
-def vegeta_run(vegeta: str, urls: list[str], models: list[str], rate: float, seconds: float, folder: Path,
-               name: str) -> dict[str, Any]:
-    """One vegeta open loop at `rate` for `seconds`: POST /predict to urls[i] for models[i], on schedule.
-    Its report: latency percentiles (seconds), the share answered 200, the rate it achieved."""
-    targets = folder / f"{name}.targets"
-    with targets.open("w") as out:
-        for url, model in zip(urls, models):
-            body = base64.b64encode(json.dumps({"model_id": model, "input_data": TEXT}).encode()).decode()
-            out.write(json.dumps({"method": "POST", "url": f"{url}/predict", "body": body,
-                                  "header": {"Content-Type": ["application/json"]}}) + "\n")
-    results = folder / f"{name}.bin"
-    subprocess.run([vegeta, "attack", "-format=json", f"-targets={targets}", f"-rate={int(rate)}/s",
-                    f"-duration={seconds}s", "-timeout=30s", "-workers=32", "-max-workers=1024",
-                    f"-output={results}"], check=True, stdout=subprocess.DEVNULL)
-    report = json.loads(subprocess.run([vegeta, "report", "-type=json", str(results)], check=True,
-                                       capture_output=True, text=True).stdout)
-    latencies = report["latencies"]
-    return {"p50": latencies["50th"] / 1e9, "p99": latencies["99th"] / 1e9, "success": report["success"],
-            "rate": report["rate"], "requests": report["requests"]}
-
-
-def vegeta_overhead(vegeta: str, router: str, layout: dict[str, Any], models: list[str], args: argparse.Namespace,
+def vegeta_overhead(vegeta_binary: str, router: str, layout: dict[str, Any], models: list[str], args: argparse.Namespace,
                     folder: Path) -> dict[str, Any]:
     """Direct and routed vegeta runs, alternating (direct, router, direct, router): the routing
     overhead percentile by percentile, from the runs' pooled medians of each figure."""
@@ -240,10 +220,10 @@ def vegeta_overhead(vegeta: str, router: str, layout: dict[str, Any], models: li
     direct_urls = [layout["urls"][layout["holder"][model]] for model in picked]
     runs: dict[str, list[dict[str, Any]]] = {"direct": [], "router": []}
     for round_number in (1, 2):
-        runs["direct"].append(vegeta_run(vegeta, direct_urls, picked, args.rate, args.seconds, folder,
-                                         f"direct-{round_number}"))
-        runs["router"].append(vegeta_run(vegeta, [router] * len(picked), picked, args.rate, args.seconds, folder,
-                                         f"router-{round_number}"))
+        runs["direct"].append(vegeta.predict(vegeta_binary, direct_urls, picked, TEXT, args.seconds, folder,
+                                             f"direct-{round_number}", rate=args.rate))
+        runs["router"].append(vegeta.predict(vegeta_binary, [router] * len(picked), picked, TEXT, args.seconds, folder,
+                                             f"router-{round_number}", rate=args.rate))
     figures: dict[str, Any] = {}
     for name, done in runs.items():
         for key in ("p50", "p99"):
@@ -382,15 +362,6 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
     print(json.dumps(results, default=str))
 
 
-def default_vegeta() -> str:
-    """scripts/install-go-tool.sh's vegeta (built once per machine from the Go module proxy), or ''."""
-    try:
-        return subprocess.run([str(ROOT / "scripts" / "install-go-tool.sh"), "vegeta", "github.com/tsenart/vegeta/v12",
-                               "v12.13.0"], check=True, capture_output=True, text=True).stdout.strip()
-    except (subprocess.CalledProcessError, FileNotFoundError):
-        return ""
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pods", type=int, default=50)
@@ -409,7 +380,7 @@ def main() -> int:
                         "docs/benchmarks.md's was d516879, see baseline_tree.py)")
     parser.add_argument("--baseline-first", action="store_true", help="measure the older tree first")
     parser.add_argument("--profile-dir", default="", help="record the router with py-spy during the open loop")
-    parser.add_argument("--vegeta", default=default_vegeta(),
+    parser.add_argument("--vegeta", default=vegeta.default_vegeta(),
                         help="the vegeta binary for the second open-loop generator ('': skip it)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="router-scale-") as tmp:

@@ -19,7 +19,13 @@ model of its own, loaded from the same folder). The script:
    Both at ``--concurrency`` and at 1: requests for one copy that arrive
    together share a forward pass (dynamic batching) where spread ones cannot,
    so only concurrency 1 compares the same work per request;
-4. times ``GET /models`` (paged and whole) and ``GET /metrics``, and counts
+4. the same closed loop of ``--concurrency`` over every copy from vegeta
+   (benchmarks/vegeta.py: a Go client at a few tens of microseconds a
+   request, where each of the Python clients above spends most of a
+   millisecond of the same two cores the worker has), whole runs
+   alternating with the Python closed loop: how much of its latency was
+   the generator's (``--vegeta ''`` skips it);
+5. times ``GET /models`` (paged and whole) and ``GET /metrics``, and counts
    the series ``/metrics`` holds.
 
 Usage: .venv/bin/python benchmarks/worker_density.py [--copies 5000] [--requests 4000] [--concurrency 8]
@@ -44,6 +50,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
 from hotset_testing.processes import free_port, spawn, wait_http  # noqa: E402
+import vegeta  # noqa: E402
 
 VENV_BIN = Path(sys.executable).parent
 TEXT = "what a wonderful little movie"
@@ -162,6 +169,24 @@ def one_copy_against_all(url: str, pid: int, ids: list[str], requests: int, conc
     return rows
 
 
+def two_closed_loops(url: str, ids: list[str], args: argparse.Namespace, folder: Path) -> list[dict[str, Any]]:
+    """The closed loop over every copy from the Python clients and from vegeta, alternating, two
+    rounds; vegeta runs as long as the Python run before it took."""
+    trace = random.Random(4).choices(ids, k=args.requests)
+    rows = []
+    for round_number in (1, 2):
+        started = time.perf_counter()
+        python = asyncio.run(warm_requests(url, trace, args.concurrency))
+        rows.append({"round": round_number, "generator": "python (httpx)", **python})
+        seconds = max(5.0, time.perf_counter() - started)
+        go = vegeta.predict(args.vegeta, [url] * len(trace), trace, TEXT, seconds, folder, f"closed-{round_number}",
+                            workers=args.concurrency)
+        rows.append({"round": round_number, "generator": "vegeta (Go)", "requests": go["requests"],
+                     "failed": round(go["requests"] * (1 - go["success"])), "req_s": round(go["throughput"], 1),
+                     "p50_ms": round(go["p50"] * 1000, 2), "p99_ms": round(go["p99"] * 1000, 2)})
+    return rows
+
+
 def timed_get(url: str, path: str, repeat: int = 3) -> tuple[float, int]:
     """Median milliseconds of `repeat` GETs, and the answer's size in bytes."""
     times, size = [], 0
@@ -180,6 +205,8 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--rate", type=float, default=100.0, help="the open loop's requests a second")
     parser.add_argument("--open-seconds", type=float, default=20.0, help="each open-loop run's length")
+    parser.add_argument("--vegeta", default=vegeta.default_vegeta(),
+                        help="the vegeta binary for the Go closed loop ('': skip it)")
     args = parser.parse_args()
     from hotset_worker import samples
 
@@ -212,6 +239,7 @@ def main() -> None:
             side_by_side = [{"concurrency": concurrency, **row} for concurrency in (1, args.concurrency)
                             for row in one_copy_against_all(url, child.pid, ids, args.requests, concurrency)]
             opened = open_loop_one_against_all(url, ids, args.rate, args.open_seconds)
+            generators = two_closed_loops(url, ids, args, Path(scratch)) if args.vegeta else []
             models_paged = timed_get(url, "/models?limit=100")
             models_whole = timed_get(url, "/models")
             metrics_time = timed_get(url, "/metrics")
@@ -248,6 +276,13 @@ def main() -> None:
     for row in opened:
         print(f"| {row['round']} | {row['target']} | {row['p50_ms']} | {row['p99_ms']} | {row['sender_lag_p99_ms']} | "
               f"{row['failed']} |")
+    if generators:
+        print(f"closed loop of {args.concurrency} over all {args.copies} copies, by generator, whole runs alternating:")
+        print("| round | generator | req/s | p50 ms | p99 ms | failed |")
+        print("|---|---|---|---|---|---|")
+        for row in generators:
+            print(f"| {row['round']} | {row['generator']} | {row['req_s']} | {row['p50_ms']} | {row['p99_ms']} | "
+                  f"{row['failed']} |")
     print(f"GET /models?limit=100: {models_paged[0]:.1f} ms, {models_paged[1]} bytes; "
           f"GET /models: {models_whole[0]:.1f} ms, {models_whole[1]} bytes")
     print(f"GET /metrics: {metrics_time[0]:.1f} ms, {metrics_time[1]} bytes, {series} samples")

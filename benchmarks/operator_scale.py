@@ -52,7 +52,6 @@ import shutil
 import signal
 import ssl
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading

@@ -172,14 +172,14 @@ class Batcher:
         the next passes."""
         self._running -= 1
         try:
-            if job.cancelled():
-                raise errors.BackendUnavailable("the worker is shutting down")
-            outcomes, seconds, rows = job.result()
-        except BaseException as exc:  # noqa: BLE001 - the pass never ran (shutdown): every waiter hears it
-            _fail(batch, exc if isinstance(exc, Exception) else errors.BackendUnavailable("the worker is shutting down"))
-            self._start_passes()
-            return
-        try:
+            try:
+                if job.cancelled():
+                    raise errors.BackendUnavailable("the worker is shutting down")
+                outcomes, seconds, rows = job.result()
+            except BaseException as exc:  # noqa: BLE001 - the pass never ran (shutdown): every waiter hears it
+                _fail(batch, exc if isinstance(exc, Exception) else errors.BackendUnavailable(
+                    "the worker is shutting down"))
+                return
             for item, outcome in zip(batch, outcomes):
                 if item.answer.done():
                     continue

@@ -15,6 +15,9 @@ BENCHMARKS: list[list[str]] = [
     ["worker_under_thrash.py"],
     ["worker_closed_loop.py"],  # the same workload, a second harness (docs/benchmarks.md says why they differ)
     ["worker_batching.py"],
+    ["lone_request.py"],  # a lone request, batching on against off, in one process (docs/benchmarks.md)
+    ["lone_request.py", "--load-order", "off,on"],
+    ["lone_request.py", "--stand-in"],
     ["worker_eviction_pause.py"],
     ["worker_overload.py"],
     ["router_load_seconds.py"],

@@ -19,8 +19,10 @@ import pytest
 from hotset_testing import ballast_framework as ballast
 from hotset_testing.ballast_framework import MiB
 from hotset_testing.worker_server import ballast_app, serve_in_thread
-from hotset_worker.batching import group_by_length, estimated_rows
+from hotset_worker.batching import Batcher, BatchTiming, group_by_length, estimated_rows
 from hotset_worker.clock import ManualClock
+from hotset_worker.fair_threads import FairThreads
+from hotset_worker.frameworks.base import WorkerContext
 
 
 
@@ -101,6 +103,32 @@ async def test_a_lone_request_does_not_wait_for_the_window(tmp_path) -> None:
                 answer = await predict(client, "m", [n])
                 assert answer.status_code == 200 and answer.json()["predictions"]["scaled"] == [2.0 * n]
     assert ballast.FORWARDS == [("m", [1])] * 3
+
+
+async def test_a_lone_request_reaches_its_thread_on_the_loop_turn_it_arrives_on(tmp_path) -> None:
+    """Batching on costs a lone request no extra loop turn: its pass is handed to the inference
+    threads inside its own first step, as the direct path's is (no task of the batcher's to run
+    first). Structural, not timed: a loaded loop makes every extra turn cost its wait."""
+    threads = FairThreads(1)
+    handed: list[int] = []
+
+    def run(rows, function, *args):
+        handed.append(rows)
+        return threads.submit(function, *args, cost=rows)
+
+    spec = ballast.catalog(tmp_path, {"m": batched(max_rows=32, max_delay_ms=1000)}).get("m")
+    worker = ballast.create_worker(spec, WorkerContext())
+    worker.load()
+    batcher = Batcher(worker, 32, 1.0, run, ManualClock())
+    try:
+        timing = BatchTiming()
+        request = asyncio.ensure_future(batcher.submit(1, lambda: worker.rows_for_predict([3]), timing))
+        await asyncio.sleep(0)  # one turn of the loop: the request's first step, and no more
+        assert handed == [1]
+        assert await request == {"model": "m", "scaled": [6.0]}
+        assert timing.waited_s == 0 and batcher.passes == 1
+    finally:
+        threads.shutdown()
 
 
 async def test_a_second_pass_beside_a_running_one_waits_for_its_window_or_a_full_batch(tmp_path) -> None:

@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
+import contextlib
 import functools
 import logging
 from dataclasses import dataclass
@@ -68,19 +70,18 @@ class Batcher:
     """The batch queue of one loaded copy: at most `max_passes` passes of it run at once."""
 
     def __init__(self, worker: FrameworkWorker, max_rows: int, max_delay_s: float,
-                 run: Callable[..., "asyncio.Future[Any]"], clock: Clock, observer: BatchObserver | None = None,
+                 run: Callable[..., concurrent.futures.Future], clock: Clock, observer: BatchObserver | None = None,
                  max_passes: int = 1) -> None:
         self.worker = worker
         self.max_rows = max_rows
         self.max_delay_s = max_delay_s
         self.max_passes = max(1, max_passes)
-        self._run = run  # runs a function on an inference thread, as a future: run(cost in rows, function, *args)
+        self._run = run  # runs a function on an inference thread: run(cost in rows, function, *args) -> its future
         self._clock = clock
         self._observer = observer
         self._queue: collections.deque[_Item] = collections.deque()
         self._queued_rows = 0
         self._running = 0
-        self._passes: set[asyncio.Task[None]] = set()
         self._timer: Any = None  # wakes the queue when its oldest request's window closes
         self.passes = 0  # forward passes run (tests and figures)
 
@@ -115,9 +116,9 @@ class Batcher:
         """Start every pass that may start now: a slot is free and either no pass of this copy runs
         (a lone request never waits), the batch is full, or the oldest request's window closed;
         otherwise wake up when that window closes. A request's wait ends when its batch is taken
-        here (`now`: the clock's reading, when the caller has one), not when the pass's task first
-        runs: the loop's scheduling is no batch wait, and a lone request's wait is then exactly
-        zero in Server-Timing and ``hotset_batch_queue_seconds``."""
+        here (`now`: the clock's reading, when the caller has one), which is also when its pass is
+        handed to the inference threads (``_begin``): a lone request's wait is exactly zero in
+        Server-Timing and ``hotset_batch_queue_seconds``."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -131,10 +132,7 @@ class Batcher:
             batch = self._take()
             for item in batch:
                 item.started = now
-            self._running += 1
-            task = asyncio.ensure_future(self._pass(batch))
-            self._passes.add(task)
-            task.add_done_callback(self._passes.discard)
+            self._begin(batch)
 
     def _take(self) -> list[_Item]:
         """The queued requests the next pass takes: in arrival order, up to max_rows (at least one)."""
@@ -147,36 +145,61 @@ class Batcher:
         self._queued_rows -= rows
         return batch
 
-    async def _pass(self, batch: list[_Item]) -> None:
-        try:
-            await self._run_pass(batch)
-        finally:
-            self._running -= 1
-            self._start_passes()
-
-    async def _run_pass(self, batch: list[_Item]) -> None:
+    def _begin(self, batch: list[_Item]) -> None:
+        """Hand `batch`'s pass to the inference threads now, on this turn of the loop, and have the
+        thread's end call ``_finished`` on the loop. No task of its own: a lone request reaches its
+        thread as soon as on the direct path (no loop turn for a task's first step), and its answer
+        comes back in as many turns as the direct path's (thread to loop, the shield, the request)."""
+        loop = asyncio.get_running_loop()
+        self._running += 1
         self.passes += 1
         try:
-            outcomes, seconds, rows = await self._run(sum(item.rows for item in batch), run_pass, self.worker,
-                                                      [item.prepare for item in batch])
-        except BaseException as exc:  # noqa: BLE001 - the thread pool is gone (shutdown): every waiter hears it
-            for item in batch:
-                if not item.answer.done():
-                    item.answer.set_exception(exc if isinstance(exc, Exception) else errors.BackendUnavailable(
-                        "the worker is shutting down"))
-            if not isinstance(exc, Exception):
-                raise
+            job = self._run(sum(item.rows for item in batch), run_pass, self.worker, [item.prepare for item in batch])
+        except Exception as exc:  # noqa: BLE001 - the threads are shut down: this batch hears it
+            self._running -= 1
+            _fail(batch, exc)
             return
-        for item, outcome in zip(batch, outcomes):
-            if item.answer.done():
-                continue
-            if isinstance(outcome, BaseException):
-                item.answer.set_exception(outcome)
-                item.answer.add_done_callback(_retrieve)
-            else:
-                item.answer.set_result((outcome, seconds))
-        if self._observer is not None:
-            self._observer.batch_ran(self.worker.spec, rows, len(batch), [item.started - item.arrived for item in batch])
+
+        def ended(_: concurrent.futures.Future) -> None:  # on the inference thread
+            if not loop.is_closed():
+                with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits
+                    loop.call_soon_threadsafe(self._finished, batch, job)
+
+        job.add_done_callback(ended)
+
+    def _finished(self, batch: list[_Item], job: concurrent.futures.Future) -> None:
+        """On the loop, once `batch`'s pass ended: each request its answer or its own error, then
+        the next passes."""
+        self._running -= 1
+        try:
+            try:
+                if job.cancelled():
+                    raise errors.BackendUnavailable("the worker is shutting down")
+                outcomes, seconds, rows = job.result()
+            except BaseException as exc:  # noqa: BLE001 - the pass never ran (shutdown): every waiter hears it
+                _fail(batch, exc if isinstance(exc, Exception) else errors.BackendUnavailable(
+                    "the worker is shutting down"))
+                return
+            for item, outcome in zip(batch, outcomes):
+                if item.answer.done():
+                    continue
+                if isinstance(outcome, BaseException):
+                    item.answer.set_exception(outcome)
+                    item.answer.add_done_callback(_retrieve)
+                else:
+                    item.answer.set_result((outcome, seconds))
+            if self._observer is not None:
+                self._observer.batch_ran(self.worker.spec, rows, len(batch),
+                                         [item.started - item.arrived for item in batch])
+        finally:
+            self._start_passes()
+
+
+def _fail(batch: list[_Item], exc: Exception) -> None:
+    for item in batch:
+        if not item.answer.done():
+            item.answer.set_exception(exc)
+            item.answer.add_done_callback(_retrieve)
 
 
 def _retrieve(future: asyncio.Future) -> None:
@@ -271,9 +294,9 @@ class Batchers:
             worker._hotset_batcher = batcher  # type: ignore[attr-defined]  # lives and goes with the copy
         return batcher
 
-    def _submit(self, namespace: str, rows: int, function: Callable[..., Any], *args: Any) -> "asyncio.Future[Any]":
+    def _submit(self, namespace: str, rows: int, function: Callable[..., Any], *args: Any) -> concurrent.futures.Future:
         """A pass on the inference threads, in `namespace`'s turn (fair_threads.py), costing its rows."""
-        return asyncio.wrap_future(self._threads.submit(function, *args, namespace=namespace, cost=rows))
+        return self._threads.submit(function, *args, namespace=namespace, cost=rows)
 
 
 def estimated_rows(value: Any) -> int:

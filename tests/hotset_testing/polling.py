@@ -5,8 +5,9 @@ value seen, so the test report says what the system was doing instead.
 """
 from __future__ import annotations
 
+import asyncio
 import time
-from typing import Callable, TypeVar
+from typing import Awaitable, Callable, TypeVar
 
 T = TypeVar("T")
 
@@ -20,4 +21,18 @@ def wait_for(condition: Callable[[], T], what: str, timeout: float = 30.0, inter
         if last:
             return last
         time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+
+
+async def wait_for_async(condition: Callable[[], Awaitable[T]], what: str, timeout: float = 30.0,
+                         interval: float = 0.01) -> T:
+    """`wait_for` inside a test's event loop: awaits `condition()` every `interval` s (the loop
+    keeps serving the requests the test has in flight meanwhile)."""
+    deadline = time.monotonic() + timeout
+    last: T | None = None
+    while time.monotonic() < deadline:
+        last = await condition()
+        if last:
+            return last
+        await asyncio.sleep(interval)
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")

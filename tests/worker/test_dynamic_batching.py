@@ -9,8 +9,6 @@ batched answer is the answer the request gets alone.
 from __future__ import annotations
 
 import asyncio
-import base64
-import json
 
 import httpx
 import numpy as np
@@ -18,6 +16,7 @@ import pytest
 
 from hotset_testing import ballast_framework as ballast
 from hotset_testing.ballast_framework import MiB
+from hotset_testing.polling import wait_for_async
 from hotset_testing.worker_server import ballast_app, serve_in_thread
 from hotset_worker.batching import Batcher, BatchTiming, group_by_length, estimated_rows
 from hotset_worker.clock import ManualClock
@@ -35,12 +34,7 @@ async def predict(client: httpx.AsyncClient, model: str, data) -> httpx.Response
 
 
 async def wait_for(condition, what: str, timeout_s: float = 10.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not await condition():
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
+    await wait_for_async(condition, what, timeout_s)
 
 
 async def inflight(client: httpx.AsyncClient, model: str) -> int:

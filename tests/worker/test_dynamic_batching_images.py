@@ -28,6 +28,7 @@ import pytest
 from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
 
+from hotset_testing.polling import wait_for_async
 from hotset_testing.worker_server import REPO, worker_process
 from hotset_worker import samples
 
@@ -154,12 +155,7 @@ async def inflight(client: httpx.AsyncClient, model: str) -> int:
 
 
 async def wait_for(condition, what: str, timeout_s: float = 60.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not await condition():
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
+    await wait_for_async(condition, what, timeout_s)
 
 
 # Sixteen 2000x2000 PNGs (the most pixels one request may hold): decoding and classifying them

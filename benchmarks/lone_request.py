@@ -60,23 +60,13 @@ def make_app(hf: Path, scratch: Path) -> tuple[Any, Any]:
 
 
 def with_dataplane(build: Callable[[], Any]) -> tuple[Any, Any]:
-    """The app `build` makes, and the DataPlane it made (caught as api.create_app makes it: the app
-    keeps it to itself)."""
-    from hotset_worker import api
-
-    made: list[Any] = []
-    original = api.DataPlane
-
-    def capture(*args: Any, **kwargs: Any) -> Any:
-        made.append(original(*args, **kwargs))
-        return made[-1]
-
-    api.DataPlane = capture  # type: ignore[misc]
-    try:
-        app = build()
-    finally:
-        api.DataPlane = original  # type: ignore[misc]
-    return app, made[0]
+    """The app `build` makes, and its DataPlane: the plain ASGI inference layer in front of the
+    FastAPI app holds it (``inference_asgi.InferenceRoutes.dataplane``), under the caller check
+    where there is one (``RequireCaller.app``)."""
+    app = served = build()
+    while not hasattr(served, "dataplane"):
+        served = served.app
+    return app, served.dataplane
 
 
 LOAD_ORDER = ["on", "off"]  # --load-order: which copy loads first (and so where its weights lie)

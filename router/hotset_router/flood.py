@@ -28,7 +28,7 @@ none: a client could hold any number of 64 MiB bodies). The bounds:
   slots now (its own included), R a small reserve (1/32 of the slots, at
   least one) for a namespace not yet served and U the slots of requests
   with no namespace or whose model is not known yet; past its share, it takes one only while
-  more than R slots stay free besides what the other namespaces holding
+  at least R slots stay free besides what the other namespaces holding
   slots are still owed under their shares. So a namespace alone may hold
   all but R slots (idle slots are never refused: the old rule,
   ``max_requests x w / (W + 1)``, left half of them idle), and when a

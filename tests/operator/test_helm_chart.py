@@ -59,9 +59,12 @@ def test_rendered_chart_passes_server_side_dry_run(cluster: Cluster, gpu_mode: s
         assert pod["tolerations"][0]["key"] == "dedicated" and pod["topologySpreadConstraints"] and pod["affinity"]
 
 
-def _can(cluster: Cluster, account: str, *args: str) -> bool:
+def _can(cluster: Cluster, account: str, *args: str, namespace: str | None = None) -> bool:
+    """Whether the chart's `account` (of the release namespace) may do `args` in `namespace` (the
+    release's by default; "*": across the cluster). An ``-n`` in `args` wins: it comes last."""
     who = f"system:serviceaccount:{cluster.namespace}:{account}"
-    answer = cluster.kubectl("auth", "can-i", *args, "--as", who, check=False).stdout.strip()
+    where = ["-A"] if namespace == "*" else ["-n", namespace or cluster.namespace]
+    answer = cluster.kube.kubectl("auth", "can-i", *where, *args, "--as", who, check=False).stdout.strip()
     return answer == "yes"
 
 

@@ -18,7 +18,7 @@ import yaml
 
 from hotset_testing import chart
 from hotset_testing.operator_harness import Cluster, served_model, wait_for
-from test_helm_chart import OPERATOR_NEEDS
+from test_helm_chart import OPERATOR_NEEDS, _can
 
 # Every namespace, and a node folder for the source cache (the one hostPath worker pods may have).
 VALUES = ("--set", "watchNamespaces={*}", "--set", "workers.sources.cache.hostPath=/var/cache/hotset")
@@ -32,10 +32,7 @@ class Everywhere:
         self.cluster, self.home, self.other = cluster, cluster.namespace, other
 
     def can(self, account: str, *args: str, namespace: str | None = None) -> bool:
-        who = f"system:serviceaccount:{self.home}:{account}"
-        where = ["-A"] if namespace == "*" else ["-n", namespace or self.home]
-        answer = self.cluster.kube.kubectl("auth", "can-i", *args, *where, "--as", who, check=False).stdout.strip()
-        return answer == "yes"
+        return _can(self.cluster, account, *args, namespace=namespace)
 
     def namespaces(self) -> tuple[str, str]:
         return self.home, self.other

@@ -54,6 +54,11 @@ class WorkerOption(enum.Enum):
     GRPC_PORT = Option("--grpc-port", "HOTSET_GRPC_PORT", "",
                        "also serve OIP v2 over gRPC on this port (0: a free one; /status names it, for the router); "
                        "empty: no gRPC", shown=f"empty; cluster pods {wire.GRPC_PORT} (the chart's workers.grpcPort)")
+    GATEWAY_PORT = Option("--gateway-port", "HOTSET_GATEWAY_PORT", "",
+                          "also serve the OpenAI routes (and health, /metrics) on this port to a Gateway API Inference "
+                          "Extension gateway, with no caller check: only the peers the NetworkPolicy names reach it; "
+                          "empty: none", shown="empty; a dedicated vllm group's pods the chart's inferencePool.gatewayPort "
+                          "when it publishes InferencePools")
     MEMORY_BUDGET = Option("--memory-budget", "HOTSET_MEMORY_BUDGET", None,
                            "bytes or a quantity (2Gi) models may take; on a GPU never more than the device less "
                            "--gpu-reserve", shown="the GPU's memory less --gpu-reserve; half of available RAM on CPU")

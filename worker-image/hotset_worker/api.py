@@ -35,6 +35,11 @@ status by the one shared handler. Choices worth knowing:
   but the health probes, ``/metrics``, ``/identity`` and the OpenAPI
   description needs ``Authorization: Bearer <token>`` (401 without one that
   verifies, 403 for another account).
+- With ``gateway_port`` (a dedicated vllm group whose pods an InferencePool selects), the
+  OpenAI routes, the probes and ``/metrics`` also answer on that port with no caller check, for a
+  Gateway API Inference Extension gateway, which sends each request to the pod its endpoint picker
+  chose and carries no token of ours; the NetworkPolicy lets only the gateway's peers reach that
+  port (docs/llm.md, "Behind an Inference Extension gateway"). Every other path is 404 there.
 - ``GET /identity`` hands out the pod's own identity token (bound to the pod)
   to whoever asks: the router and the operator check it before they send the
   pod anything (hotset_common.worker_identity).
@@ -53,7 +58,7 @@ import pydantic
 from fastapi import FastAPI, Header, Request, Response
 from fastapi.responses import JSONResponse
 
-from hotset_common import errors, http, wire, worker_identity
+from hotset_common import errors, http, openai_wire, wire, worker_identity
 from hotset_common.http import ASGIApp
 from hotset_common.slow_clients import ClientLimits
 from hotset_common.worker_identity import BearerToken
@@ -79,6 +84,11 @@ DEFAULT_MAX_BODY_BYTES = 64 * 2**20
 # Paths that answer any caller: the kubelet's probes, Prometheus, the pod's identity, the API's description.
 OPEN_PATHS = frozenset({"/v2/health/live", "/v2/health/ready", "/metrics", worker_identity.IDENTITY_PATH,
                         "/openapi.json", "/docs"})
+# What the gateway port serves: the OpenAI routes a gateway forwards, what its endpoint picker
+# scrapes (/metrics) and the kubelet's probes. GATEWAY_ROUTES names the first kind in messages.
+GATEWAY_ROUTES = frozenset({openai_wire.MODELS, openai_wire.COMPLETIONS, openai_wire.CHAT_COMPLETIONS,
+                            openai_wire.EMBEDDINGS})
+GATEWAY_PATHS = GATEWAY_ROUTES | {"/v2/health/live", "/v2/health/ready", "/metrics"}
 
 
 def create_app(
@@ -100,6 +110,7 @@ def create_app(
     grpc_address: str | None = None,
     engine_loads: EngineLoads | None = None,
     client_limits: ClientLimits | None = None,
+    gateway_port: int | None = None,
 ) -> ASGIApp:
     """A worker app around an assembled manager; it owns their lifetime from start-up to shutdown.
 
@@ -112,6 +123,7 @@ def create_app(
     port 0: a free one): also serve OIP v2 over gRPC there (grpc_api.py), in this app's lifespan,
     its clients bounded by `client_limits` as the HTTP port's are (default: the defaults).
     `engine_loads`: the vLLM engines' own figures, read in this app's lifespan and reported in /status.
+    `gateway_port`: the port (served by the same server) where GATEWAY_PATHS answer with no caller check.
     """
     report = ModelsReport(manager)
     reports = status_report.StatusReports(manager, pod_name)
@@ -285,7 +297,30 @@ def create_app(
 
     served: ASGIApp = InferenceRoutes(app, dataplane, max_body_bytes, functools.partial(parse_json_model,
                                                                                        wire.PredictRequest))
-    return RequireCaller(served, callers) if callers is not None else served
+    checked = RequireCaller(served, callers) if callers is not None else served
+    return GatewayPort(checked, served, gateway_port) if gateway_port is not None else checked
+
+
+class GatewayPort:
+    """Plain ASGI: a request that came in on the gateway port reaches the app unchecked when its path
+    is one of GATEWAY_PATHS, and is 404 otherwise; any other request goes through the caller check.
+    The port is the listening socket's (the ASGI scope's ``server``), so no header can claim it."""
+
+    def __init__(self, checked: Any, unchecked: Any, port: int) -> None:
+        self.checked = checked
+        self.unchecked = unchecked
+        self.port = port
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        server = scope.get("server")
+        if scope["type"] != "http" or not server or server[1] != self.port:
+            await self.checked(scope, receive, send)
+        elif scope["path"] in GATEWAY_PATHS:
+            await self.unchecked(scope, receive, send)
+        else:
+            message = (f"{scope['path'][:80]!r} is not served on the gateway port {self.port}: it serves "
+                       f"{', '.join(sorted(GATEWAY_ROUTES))}, /metrics and the health probes")
+            await JSONResponse(http.error_body(message), status_code=404)(scope, receive, send)
 
 
 class RequireCaller:

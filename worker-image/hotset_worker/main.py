@@ -54,6 +54,7 @@ class Settings:
     host: str = "127.0.0.1"
     port: int = 8080
     grpc_port: int | None = None  # OIP v2 over gRPC (grpc_api.py); None: none; 0: a free port (in /status)
+    gateway_port: int | None = None  # the OpenAI routes, unchecked, for an Inference Extension gateway (api.py)
     memory_budget: int | None = None  # None: derived from the device
     gpu_reserve: int | None = None  # bytes of a GPU kept out of the budget; None: 1 GiB + 10% (memory.py)
     max_models: int | None = None
@@ -125,6 +126,10 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
     grpc_port = args.grpc_port.strip()
     if grpc_port and (not grpc_port.isdigit() or int(grpc_port) > 65535):
         parser.error(f"--grpc-port must be a port number (0: a free one) or empty, got {args.grpc_port!r}")
+    gateway_port = args.gateway_port.strip()
+    if gateway_port and (not gateway_port.isdigit() or not 0 < int(gateway_port) <= 65535
+                         or int(gateway_port) == int(args.port)):
+        parser.error(f"--gateway-port must be a port number other than --port, or empty, got {args.gateway_port!r}")
     if float(args.backend_sync_s) <= 0:
         parser.error(f"--backend-sync-s must be positive, got {args.backend_sync_s}")
     if float(args.vllm_metrics_interval_s) <= 0:
@@ -160,6 +165,7 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
             host=args.host,
             port=int(args.port),
             grpc_port=int(grpc_port) if grpc_port else None,
+            gateway_port=int(gateway_port) if gateway_port else None,
             memory_budget=quantity.parse_bytes(args.memory_budget) if args.memory_budget else None,
             gpu_reserve=quantity.parse_bytes(args.gpu_reserve) if args.gpu_reserve not in (None, "") else None,
             max_models=int(args.max_models) if args.max_models not in (None, "") else None,
@@ -332,7 +338,7 @@ def build_app(settings: Settings, store: ModelStore | None = None,
         max_model_queue=settings.max_model_queue, draining=draining,
         backend_sync_s=settings.backend_sync_s, engine_loads=engine_loads,
         grpc_address=f"{settings.host}:{settings.grpc_port}" if settings.grpc_port is not None else None,
-        client_limits=settings.client_limits,
+        client_limits=settings.client_limits, gateway_port=settings.gateway_port,
     )
 
 
@@ -432,7 +438,17 @@ def main(argv: Sequence[str] | None = None) -> None:
                             timeout_graceful_shutdown=10, **slow_clients.serve_options(app, settings.client_limits))
     server = DrainingServer(config, settings.drain_s)
     with running_marker(settings):
-        server.run()
+        server.run(sockets=listening_sockets(config, settings.gateway_port))
+
+
+def listening_sockets(config: uvicorn.Config, gateway_port: int | None) -> list[socket.socket] | None:
+    """The server's port, and the gateway port beside it on the same host: one server, one app, one
+    lifespan; the app tells the two apart by the socket a request came in on (api.GatewayPort).
+    None: the one port uvicorn binds itself."""
+    if gateway_port is None:
+        return None
+    gateway = uvicorn.Config(config.app, host=config.host, port=gateway_port)
+    return [config.bind_socket(), gateway.bind_socket()]
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 # The README's two commands are `make run` and `make test`; both install first.
-.PHONY: install install-k8s install-kind install-s3 install-vllm images run test e2e bench clean
+.PHONY: install install-k8s install-kind install-s3 install-vllm install-inference-crds images run test e2e bench clean
 
 install:
 	scripts/install.sh
@@ -10,6 +10,11 @@ install-k8s:
 # A real S3 server (MinIO, from the Go module proxy) for the s3:// and gs:// source tests.
 install-s3:
 	scripts/install-s3.sh
+
+# The Gateway API Inference Extension's InferencePool CRD (from the Go module proxy), for the
+# tests of the operator's InferencePool option.
+install-inference-crds:
+	scripts/install-inference-crds.sh
 
 # A real vLLM (its CPU build, in a venv of its own) for the real-engine tier.
 install-vllm:
@@ -34,7 +39,7 @@ run: install
 # (CI=true) a kind tier or a real-engine tier that cannot run is an error, not a skip.
 # Once every binary is built, the Go compile caches behind them (~12 GB) are dropped:
 # the kind tier's images and nodes need that disk (docs/e2e.md, "Disk").
-test: install install-k8s install-s3 install-vllm install-kind
+test: install install-k8s install-s3 install-inference-crds install-vllm install-kind
 	scripts/drop-go-caches.sh
 	HOTSET_VLLM_REQUIRED=$(if $(CI),1,0) .venv/bin/pytest -q tests
 	HOTSET_KIND_REQUIRED=$(if $(CI),1,0) .venv/bin/pytest -q e2e/kind -rs --durations=20

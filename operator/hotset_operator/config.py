@@ -52,6 +52,14 @@ class Autoscaling(str, enum.Enum):
     EXTERNAL = "external"  # the HPA or KEDA, through the WorkerPool's scale subresource
 
 
+class PickerFailureMode(str, enum.Enum):
+    """What the gateway does when the endpoint picker does not answer (an InferencePool's
+    spec.endpointPickerRef.failureMode; the chart's inferencePool.failureMode)."""
+
+    FAIL_CLOSE = "FailClose"  # the request fails
+    FAIL_OPEN = "FailOpen"  # the gateway picks a pod itself
+
+
 ALL_NAMESPACES = "*"
 
 
@@ -91,6 +99,14 @@ class OperatorConfig(BaseModel):
         default_factory=dict, description="the worker pods' NetworkPolicy rules (the chart's networkPolicy, "
         "rendered once: `ingress` and `egress` lists whose peers name the release namespace), applied "
         "beside every worker Deployment; empty: the operator writes no NetworkPolicy")
+    inference_pool_picker: str = Field("", description="the Gateway API Inference Extension endpoint picker's "
+                                       "Service, in each model's namespace, that the InferencePool of every "
+                                       "dedicated vllm group names; empty: no InferencePools (the chart's "
+                                       "inferencePool.endpointPicker)")
+    inference_pool_picker_port: int = Field(9002, ge=1, le=65535, description="that Service's port (gRPC ext-proc)")
+    inference_pool_failure_mode: PickerFailureMode = PickerFailureMode.FAIL_CLOSE
+    worker_gateway_port: int = Field(8082, ge=1, le=65535, description="where those groups' pods serve the "
+                                     "gateway (the worker's --gateway-port): the InferencePool's target port")
     triton_sidecar: TritonSidecar = Field(TritonSidecar.AUTO, description="which worker pods run the Triton "
                                           "sidecar; a WorkerPool's spec.tritonSidecar overrides it")
     pool_name: str = "hotset-pool"
@@ -188,6 +204,20 @@ class OperatorConfig(BaseModel):
                 f"workers.resources.worker.memory ({self.worker_memory}), the worker container's memory "
                 "limit, on CPU worker pods (workers.gpu.mode: none): models are held in that container's memory")
         return self
+
+    @model_validator(mode="after")
+    def _gateway_port_is_free(self) -> "OperatorConfig":
+        """The gateway port shares the pod's network with the worker's own ports and the sidecar's."""
+        taken = {self.worker_port: "workers.port", self.worker_grpc_port: "workers.grpcPort",
+                 8000: "the Triton sidecar's HTTP port", 8001: "its gRPC port", 8002: "its metrics port"}
+        if self.inference_pool_picker and self.worker_gateway_port in taken:
+            raise ValueError(f"inferencePool.gatewayPort {self.worker_gateway_port} is {taken[self.worker_gateway_port]} "
+                             "of every worker pod; choose another")
+        return self
+
+    @property
+    def publishes_inference_pools(self) -> bool:
+        return bool(self.inference_pool_picker)
 
     @model_validator(mode="after")
     def _identity_needs_an_account(self) -> "OperatorConfig":

@@ -19,6 +19,8 @@ import asyncio
 import logging
 from typing import Any, Callable, Mapping
 
+from kubernetes.client.exceptions import ApiException
+
 from hotset_common.spec import ModelSpec, Placement
 from hotset_operator import index, kinds, kube, workloads
 from hotset_operator.config import OperatorConfig
@@ -60,7 +62,7 @@ class DedicatedGroups:
             return  # a refused edit never tears down what serves; a deleted model's group goes with it
         found = self._deployment(entry)
         if entry.spec.placement is Placement.DEDICATED:
-            if found is not None and found.spec_hash == workloads.spec_hash(entry.spec) and entry.key not in self.blocked:
+            if found is not None and found.spec_hash == workloads.group_hash(self.config, entry.spec) and entry.key not in self.blocked:
                 return  # it already runs this spec: a restart re-applies nothing
         elif found is None or not workloads.is_ours((list(found.owners), found.managed_by), entry.uid):
             return  # shared, and no group of its own to remove
@@ -111,6 +113,7 @@ class DedicatedGroups:
             if owners is not None and ours and await asyncio.to_thread(self.kube.delete_deployment, entry.namespace, name):
                 self.writes.event(model_ref(entry), "Normal", "DedicatedRemoved",
                                   f"deleted Deployment {name}: placement is now {spec.placement.value}")
+                await asyncio.to_thread(self._remove_inference_pool, entry, name)
             return
         if not ours:
             if self.blocked.get(entry.key) != not_ours_message(name):
@@ -142,6 +145,43 @@ class DedicatedGroups:
         self.kube.apply_deployment(workloads.build_dedicated_deployment(spec, body, self.config))
         self.kube.apply_disruption_budget(workloads.build_disruption_budget(name, entry.namespace, spec.id, body))
         self._apply_network_policy(entry, spec, name, body)
+        self._apply_inference_pool(entry, spec, name, body)
+
+    def _apply_inference_pool(self, entry: ModelEntry, spec: ModelSpec, name: str, body: dict[str, Any]) -> None:
+        """The group's InferencePool while the chart publishes them and the model is a vllm one
+        (workloads.serves_gateway); one it no longer covers is deleted. An InferencePool of that name
+        that someone else owns is left alone, and a cluster without the extension's CRD gets none:
+        each is a Warning on the model, and the group serves through the router either way."""
+        if not workloads.serves_gateway(self.config, spec):
+            self._remove_inference_pool(entry, name)
+            return
+        owners = self.kube.custom_owners(entry.namespace, name, kinds.INFERENCE_POOLS)
+        if owners is not None and entry.uid not in owners:
+            self.writes.event(model_ref(entry), "Warning", "InferencePoolNotOurs",
+                              f"InferencePool {name} exists and is not owned by this ServedModel; hotset leaves it alone")
+            return
+        try:
+            self.kube.apply_custom(workloads.build_inference_pool(self.config, spec, body), kinds.INFERENCE_POOLS)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            self.writes.event(model_ref(entry), "Warning", "InferencePoolUnavailable",
+                              f"no InferencePool published for {name}: this cluster does not serve "
+                              f"{kinds.INFERENCE_POOL_API_VERSION} (install the Gateway API Inference Extension's CRDs)")
+            return
+        if owners is None:
+            self.writes.event(model_ref(entry), "Normal", "InferencePoolPublished",
+                              f"InferencePool {name} selects the group's pods on port {self.config.worker_gateway_port}, "
+                              f"endpoint picker {self.config.inference_pool_picker}:{self.config.inference_pool_picker_port}")
+
+    def _remove_inference_pool(self, entry: ModelEntry, name: str) -> None:
+        """Delete the group's InferencePool where this model owns one (blocking: on a thread)."""
+        if not self.config.publishes_inference_pools:
+            return  # the option is off: nothing was published (pools published before go with their models)
+        owners = self.kube.custom_owners(entry.namespace, name, kinds.INFERENCE_POOLS)
+        if owners is not None and entry.uid in owners and self.kube.delete_custom(entry.namespace, name,
+                                                                                 kinds.INFERENCE_POOLS):
+            self.writes.event(model_ref(entry), "Normal", "InferencePoolRemoved", f"deleted InferencePool {name}")
 
     def _apply_network_policy(self, entry: ModelEntry, spec: ModelSpec, name: str, body: dict[str, Any]) -> None:
         policy = workloads.build_network_policy(self.config, name, entry.namespace, spec.id,
@@ -155,4 +195,5 @@ class DedicatedGroups:
         after = self.kube.apply_deployment(workloads.build_dedicated_deployment(spec, body, self.config))
         self.kube.apply_disruption_budget(workloads.build_disruption_budget(name, entry.namespace, spec.id, body))
         self._apply_network_policy(entry, spec, name, body)
+        self._apply_inference_pool(entry, spec, name, body)
         return before, after

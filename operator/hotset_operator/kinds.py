@@ -15,6 +15,11 @@ WORKER_POOL = "WorkerPool"
 WORKER_POOLS = {"group": GROUP, "version": VERSION, "plural": "workerpools"}
 MODEL_QUOTA = "ModelQuota"
 MODEL_QUOTAS = {"group": GROUP, "version": VERSION, "plural": "modelquotas"}
+# The Gateway API Inference Extension's pool of model-server pods, published per dedicated vllm
+# group (an option: the chart's inferencePool); its CRD is the extension's, installed by the cluster.
+INFERENCE_POOL = "InferencePool"
+INFERENCE_POOL_API_VERSION = "inference.networking.k8s.io/v1"
+INFERENCE_POOLS = {"group": "inference.networking.k8s.io", "version": "v1", "plural": "inferencepools"}
 # What the operator watches besides its own kinds: its worker pods, the Deployments it made.
 PODS = {"group": "", "version": "v1", "plural": "pods"}
 DEPLOYMENTS = {"group": "apps", "version": "v1", "plural": "deployments"}

@@ -260,6 +260,28 @@ class Kube:
             resource["group"], resource["version"], meta["namespace"], resource["plural"], meta["name"], manifest,
             field_manager=FIELD_MANAGER, force=True, _content_type="application/apply-patch+yaml")
 
+    def custom_owners(self, namespace: str, name: str, resource: dict[str, str]) -> list[str] | None:
+        """The owner uids of a custom object; None when there is none of that name (or no such kind)."""
+        try:
+            found = self._custom.get_namespaced_custom_object(resource["group"], resource["version"], namespace,
+                                                              resource["plural"], name)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return [owner.get("uid", "") for owner in found.get("metadata", {}).get("ownerReferences") or []]
+
+    def delete_custom(self, namespace: str, name: str, resource: dict[str, str]) -> bool:
+        """Delete a custom object if present; False when there was nothing to delete (or no such kind)."""
+        try:
+            self._custom.delete_namespaced_custom_object(resource["group"], resource["version"], namespace,
+                                                         resource["plural"], name)
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
     def scale_custom(self, namespace: str, name: str, resource: dict[str, str], replicas: int) -> None:
         """Set a custom object's replicas through its scale subresource, as the HPA does."""
         self._custom.patch_namespaced_custom_object_scale(

@@ -37,7 +37,7 @@ import pydantic
 
 from hotset_common import labels, model_store, worker_identity as identity
 from hotset_common import sources as locations
-from hotset_common.spec import API_VERSION, KIND, Framework, ModelSpec, Scheduling, with_variants
+from hotset_common.spec import API_VERSION, KIND, Framework, ModelSpec, Placement, Scheduling, with_variants
 from hotset_common.worker_settings import WorkerOption as Opt
 from hotset_operator import kinds
 from hotset_operator.config import GpuMode, OperatorConfig, TritonSidecar
@@ -51,6 +51,7 @@ SOURCE_ROOT = "/mnt/models"
 TRITON_HTTP_PORT = 8000
 TRITON_GRPC_PORT = 8001
 TRITON_METRICS_PORT = 8002
+GATEWAY_PORT_NAME = "gateway"  # the worker container's port for an Inference Extension gateway
 RUN_AS_USER = 1000
 MANAGER = labels.OPERATOR_MANAGER
 SPEC_HASH = "hotset.io/spec-hash"
@@ -131,6 +132,14 @@ def dedicated_has_triton_sidecar(config: OperatorConfig, spec: ModelSpec) -> boo
     """Whether a dedicated group's pods run the sidecar: auto, only for a Triton model."""
     mode = config.triton_sidecar
     return mode is TritonSidecar.ALWAYS or (mode is TritonSidecar.AUTO and spec.framework is Framework.TRITON)
+
+
+def serves_gateway(config: OperatorConfig, spec: ModelSpec) -> bool:
+    """Whether `spec`'s dedicated group is published as an InferencePool (the chart's inferencePool):
+    a vllm model's, when the chart names an endpoint picker. Its pods then also serve the gateway
+    port, and the pool selects them."""
+    return (config.publishes_inference_pools and spec.placement is Placement.DEDICATED
+            and spec.framework is Framework.VLLM)
 
 
 def dedicated_name(model: str) -> str:
@@ -252,16 +261,19 @@ def startup_probe_failures(config: OperatorConfig, load_timeout_s: float | None)
 
 def build_worker_container(config: OperatorConfig, pinned: Sequence[str], namespace: str | None = None,
                            dedicated_to: str | None = None, images: Sequence[locations.OciImage] = (),
-                           triton: bool = True, load_timeout_s: float | None = None) -> dict[str, Any]:
+                           triton: bool = True, load_timeout_s: float | None = None,
+                           gateway: bool = False) -> dict[str, Any]:
     """The worker: readiness = pinned models loaded and serving (a pinned Triton model needs its
     sidecar); liveness never depends on a model. `triton`: whether the pod has the sidecar;
-    `load_timeout_s`: the pinned model's own ``loadTimeoutSeconds`` (its start-up probe waits that long)."""
+    `load_timeout_s`: the pinned model's own ``loadTimeoutSeconds`` (its start-up probe waits that long);
+    `gateway`: also serve an Inference Extension gateway on ``worker_gateway_port`` (``serves_gateway``)."""
     env = [
         {"name": Opt.POD_NAME.env, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         Opt.HOST.variable("0.0.0.0"),
         Opt.PORT.variable(config.worker_port),
         # OIP v2 over gRPC beside HTTP; the worker names the port in its /status, for the router.
         *([Opt.GRPC_PORT.variable(config.worker_grpc_port)] if config.worker_grpc_port else []),
+        *([Opt.GATEWAY_PORT.variable(config.worker_gateway_port)] if gateway else []),
         Opt.PINNED.variable(",".join(pinned)),
         Opt.MEMORY_BUDGET.variable(config.pod_memory_budget),
         Opt.BUDGET_MODE.variable(config.pod_budget_mode.value),
@@ -302,7 +314,9 @@ def build_worker_container(config: OperatorConfig, pinned: Sequence[str], namesp
         "env": env,
         "ports": [{"name": "http", "containerPort": config.worker_port, "protocol": "TCP"},
                   *([{"name": "grpc", "containerPort": config.worker_grpc_port, "protocol": "TCP"}]
-                    if config.worker_grpc_port else [])],
+                    if config.worker_grpc_port else []),
+                  *([{"name": GATEWAY_PORT_NAME, "containerPort": config.worker_gateway_port, "protocol": "TCP"}]
+                    if gateway else [])],
         "readinessProbe": _http_probe("/v2/health/ready", period=5, failures=3),
         "livenessProbe": _http_probe("/v2/health/live", period=10, failures=6),
         # Pinned loads can take minutes: liveness and readiness wait until this passes once.
@@ -392,7 +406,8 @@ def shared_memory_volume(config: OperatorConfig) -> list[dict[str, Any]]:
 def build_worker_pod_template(config: OperatorConfig, dedicated_to: str | None, pinned: Sequence[str],
                               annotations: dict[str, str] | None = None, namespace: str | None = None,
                               images: Sequence[locations.OciImage] = (), scheduling: Scheduling | None = None,
-                              triton: bool = True, load_timeout_s: float | None = None) -> dict[str, Any]:
+                              triton: bool = True, load_timeout_s: float | None = None,
+                              gateway: bool = False) -> dict[str, Any]:
     """A worker pod: the worker (and, with `triton`, the Triton sidecar sharing /models), non-root,
     GPUs from the settings, placed by `scheduling` over the chart's workers.scheduling.
 
@@ -420,7 +435,8 @@ def build_worker_pod_template(config: OperatorConfig, dedicated_to: str | None, 
             "terminationGracePeriodSeconds": 60,
             "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS_USER, "runAsGroup": RUN_AS_USER,
                                 "fsGroup": RUN_AS_USER, "seccompProfile": {"type": "RuntimeDefault"}},
-            "containers": [build_worker_container(config, pinned, namespace, dedicated_to, images, triton, load_timeout_s),
+            "containers": [build_worker_container(config, pinned, namespace, dedicated_to, images, triton, load_timeout_s,
+                                                  gateway),
                            *([build_triton_container(config, images)] if triton else [])],
             "volumes": volumes,
             **(scheduling or Scheduling()).over(config.worker_scheduling).pod_fields(),
@@ -463,10 +479,11 @@ def build_dedicated_deployment(spec: ModelSpec, body: dict[str, Any], config: Op
     # A changed spec rolls the group, so its pods load the model as now declared.
     namespace = body["metadata"]["namespace"]
     template = build_worker_pod_template(config, dedicated_to=spec.id, pinned=[spec.id],
-                                         annotations={SPEC_HASH: spec_hash(spec)}, namespace=namespace,
+                                         annotations={SPEC_HASH: group_hash(config, spec)}, namespace=namespace,
                                          images=oci_images([spec]), scheduling=spec.scheduling,
                                          triton=dedicated_has_triton_sidecar(config, spec),
-                                         load_timeout_s=spec.load_timeout_seconds)
+                                         load_timeout_s=spec.load_timeout_seconds,
+                                         gateway=serves_gateway(config, spec))
     deployment = _deployment(dedicated_name(spec.id), namespace, spec.id, replicas or 0, template)
     if replicas is None:
         del deployment["spec"]["replicas"]
@@ -534,6 +551,28 @@ def build_disruption_budget(name: str, namespace: str, dedicated_to: str | None,
     return budget
 
 
+def build_inference_pool(config: OperatorConfig, spec: ModelSpec, body: dict[str, Any]) -> dict[str, Any]:
+    """The Gateway API Inference Extension's InferencePool of `spec`'s dedicated group: exactly its
+    pods, on their gateway port, routed by the chart's endpoint picker (a Service in the model's
+    namespace), owned by the ServedModel (garbage-collected with it). One base model per pool, as the
+    extension expects: a dedicated group serves its model and that model's LoRA adapters only."""
+    namespace = body["metadata"]["namespace"]
+    return {
+        "apiVersion": kinds.INFERENCE_POOL_API_VERSION,
+        "kind": kinds.INFERENCE_POOL,
+        "metadata": {"name": dedicated_name(spec.id), "namespace": namespace,
+                     "labels": {**worker_labels(spec.id), labels.MANAGED_BY: MANAGER},
+                     "ownerReferences": [owner_reference(body)]},
+        "spec": {
+            "selector": {"matchLabels": worker_labels(spec.id)},
+            "targetPorts": [{"number": config.worker_gateway_port}],
+            "endpointPickerRef": {"name": config.inference_pool_picker, "kind": "Service",
+                                  "port": {"number": config.inference_pool_picker_port},
+                                  "failureMode": config.inference_pool_failure_mode.value},
+        },
+    }
+
+
 def build_network_policy(config: OperatorConfig, name: str, namespace: str, dedicated_to: str | None,
                          owner: dict[str, Any]) -> dict[str, Any] | None:
     """The chart's worker network rules (docs/security.md, "Network") beside one worker Deployment:
@@ -593,6 +632,16 @@ def build_issuer_keys(config: OperatorConfig, namespace: str, keys: tuple[str, d
             "data": identity.keys_data(issuer, jwks)}
 
 
-def spec_hash(spec: ModelSpec) -> str:
-    """What rolls a dedicated group: its model's entry as its pods read it."""
-    return hashlib.sha256(json.dumps(model_store.store_entry(spec), sort_keys=True).encode()).hexdigest()[:16]
+def spec_hash(spec: ModelSpec, gateway_port: int | None = None) -> str:
+    """What rolls a dedicated group: its model's entry as its pods read it, and the gateway port its
+    pods serve where they serve one (``group_hash``: turning inferencePool on or off rolls exactly
+    the groups it covers, and a restart finds the others as they were)."""
+    entry: dict[str, Any] = model_store.store_entry(spec)
+    if gateway_port is not None:
+        entry = {"entry": entry, "gatewayPort": gateway_port}
+    return hashlib.sha256(json.dumps(entry, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def group_hash(config: OperatorConfig, spec: ModelSpec) -> str:
+    """The SPEC_HASH of `spec`'s dedicated group under `config`."""
+    return spec_hash(spec, config.worker_gateway_port if serves_gateway(config, spec) else None)

@@ -156,6 +156,13 @@ hotset-worker-gpu
 - apiGroups: [networking.k8s.io]
   resources: [networkpolicies]
   verbs: [get, create, patch]
+{{- if .Values.inferencePool.endpointPicker }}
+# Each dedicated vllm group's InferencePool (inferencePool; the Inference Extension's CRD):
+# server-side apply, and delete when the model leaves vllm or its group.
+- apiGroups: [inference.networking.k8s.io]
+  resources: [inferencepools]
+  verbs: [get, create, patch, delete]
+{{- end }}
 # Source credentials (docs/frameworks.md, "Credentials"): read the Secrets ServedModels name, and
 # write the one Secret per pool namespace that worker pods mount (create cannot be limited by name).
 - apiGroups: [""]
@@ -224,6 +231,13 @@ ingress:
       {{- if .Values.workers.grpcPort }}
       - {port: {{ .Values.workers.grpcPort }}, protocol: TCP}
       {{- end }}
+  {{- if and .Values.inferencePool.endpointPicker .Values.inferencePool.gatewayFrom }}
+  # An Inference Extension gateway and its endpoint picker: the gateway port of dedicated vllm
+  # groups' pods (the OpenAI routes and /metrics, no caller check; no other pod listens there).
+  - from: {{- toYaml .Values.inferencePool.gatewayFrom | nindent 6 }}
+    ports:
+      - {port: {{ .Values.inferencePool.gatewayPort }}, protocol: TCP}
+  {{- end }}
   {{- with .Values.networkPolicy.metricsFrom }}
   - from: {{- toYaml . | nindent 6 }}
     ports:

@@ -41,7 +41,7 @@ import psutil
 import pytest
 
 from hotset_testing.polling import wait_for
-from hotset_testing.processes import REPO, exited, free_port
+from hotset_testing.processes import REPO, exited
 from hotset_common import vllm_flags
 from hotset_common.wire import TIMEOUT_HEADER, server_timing_durations
 from hotset_worker import samples
@@ -132,22 +132,20 @@ def stack(tmp_path_factory) -> Iterator[dict[str, str]]:
     store = folder / "model-store.json"
     store.write_text(json.dumps({"models": models}))
     command = f"{VLLM_PYTHON} -m vllm.entrypoints.openai.api_server"
-    gateway = free_port()  # what an Inference Extension gateway calls (test_a_gateway_...)
     worker = local_stack.start_worker(
         "vllm-real", store, folder / "logs", "8Gi",
         # An engine start takes 25 s on a quiet machine and minutes beside the rest of the suite:
         # requests may wait that long for it (docs/llm.md, "Deadlines").
         extra_args=["--vllm-command", command, "--vllm-start-timeout-s", "480", "--request-timeout-s", "480",
                     "--min-residency-s", "0",
-                    "--admission-control", "off", "--failed-load-backoff-s", "0", "--gateway-port", str(gateway)])
+                    "--admission-control", "off", "--failed-load-backoff-s", "0"])
     router = None
     try:
         local_stack.wait_http(worker, "/v2/health/ready", 120)
         router = local_stack.start_router([worker.url], folder / "logs", model_store=store,
                                           extra_args=["--request-timeout", "480"])
         local_stack.wait_http(router, "/v2/health/ready", 60)
-        yield {"worker": worker.url, "router": router.url, "worker_pid": str(worker.pid),
-               "gateway": f"http://127.0.0.1:{gateway}"}
+        yield {"worker": worker.url, "router": router.url, "worker_pid": str(worker.pid)}
     except BaseException:
         print(worker.log_tail(120), file=sys.stderr)
         raise
@@ -429,19 +427,3 @@ def test_the_engines_own_load_is_exported_as_the_inference_extensions_metrics_an
     assert chat["kv_cache_blocks"] == int(blocks) and chat["block_size"] > 0
     assert chat["prefix_cache_queries"] >= 16 * 4 and chat["max_lora"] == 1 and chat["age_s"] < 10
     assert metric(stack["worker"], names.MODEL_SERVER_RUNNING, **pod) == 0
-
-
-def test_a_gateway_reaches_the_engine_on_the_gateway_port_streamed_and_sees_its_load(stack) -> None:
-    """What an Inference Extension gateway does with a pod its InferencePool selects: a chat streamed
-    from the engine on the worker's gateway port (no token of ours), and the model-server series its
-    endpoint picker scrapes there; nothing else of the worker answers on that port."""
-    from hotset_common import metrics as names
-
-    with client(stack["gateway"]) as openai_client:
-        stream = openai_client.chat.completions.create(
-            model="chat", messages=[{"role": "user", "content": QUESTION}], max_tokens=12, temperature=0, stream=True)
-        pieces = [chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices]
-    assert "".join(pieces) == ANSWER and len([p for p in pieces if p]) > 1
-    scraped = httpx.get(f"{stack['gateway']}/metrics", timeout=30).text
-    assert f"{names.MODEL_SERVER_WAITING}{{" in scraped and f"{names.MODEL_SERVER_KV_CACHE_USAGE}{{" in scraped
-    assert httpx.get(f"{stack['gateway']}/status", timeout=30).status_code == 404

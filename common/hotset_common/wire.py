@@ -24,6 +24,11 @@ INFER_PATH = re.compile(r"^/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^
 # Where worker pods and the router serve OIP v2 over gRPC in a cluster (grpc_wire.py); here, not
 # there, so the operator, which builds the pods and speaks no gRPC, reads it without grpcio.
 GRPC_PORT = 8081
+# Where a worker pod's Triton sidecar listens (on the pod's loopback, but metrics): the operator
+# builds the pod around them and keeps other ports off them.
+TRITON_HTTP_PORT = 8000
+TRITON_GRPC_PORT = 8001
+TRITON_METRICS_PORT = 8002
 
 
 def parse_timeout(value: str | None) -> float | None:

@@ -209,7 +209,8 @@ class OperatorConfig(BaseModel):
     def _gateway_port_is_free(self) -> "OperatorConfig":
         """The gateway port shares the pod's network with the worker's own ports and the sidecar's."""
         taken = {self.worker_port: "workers.port", self.worker_grpc_port: "workers.grpcPort",
-                 8000: "the Triton sidecar's HTTP port", 8001: "its gRPC port", 8002: "its metrics port"}
+                 wire.TRITON_HTTP_PORT: "the Triton sidecar's HTTP port", wire.TRITON_GRPC_PORT: "its gRPC port",
+                 wire.TRITON_METRICS_PORT: "its metrics port"}
         if self.inference_pool_picker and self.worker_gateway_port in taken:
             raise ValueError(f"inferencePool.gatewayPort {self.worker_gateway_port} is {taken[self.worker_gateway_port]} "
                              "of every worker pod; choose another")

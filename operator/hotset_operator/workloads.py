@@ -474,19 +474,25 @@ def build_dedicated_deployment(spec: ModelSpec, body: dict[str, Any], config: Op
                                replicas: int | None = None) -> dict[str, Any]:
     """A latency-optimized instance group: pods that each pin this one model. `replicas` None: the
     manifest leaves them to the autoscaler's field manager (replicas.min..max on demand)."""
-    # A changed spec rolls the group, so its pods load the model as now declared.
     namespace = body["metadata"]["namespace"]
-    template = build_worker_pod_template(config, dedicated_to=spec.id, pinned=[spec.id],
-                                         annotations={SPEC_HASH: group_hash(config, spec)}, namespace=namespace,
-                                         images=oci_images([spec]), scheduling=spec.scheduling,
-                                         triton=dedicated_has_triton_sidecar(config, spec),
-                                         load_timeout_s=spec.load_timeout_seconds,
-                                         gateway=serves_gateway(config, spec))
+    template = dedicated_pod_template(config, spec, namespace)
+    # What the pods run (their model's entry and their template) in one annotation: a change of
+    # either rolls the group, and a restart that finds it equal re-applies nothing (group_hash).
+    template["metadata"].setdefault("annotations", {})[SPEC_HASH] = _group_hash(spec, template)
     deployment = _deployment(dedicated_name(spec.id), namespace, spec.id, replicas or 0, template)
     if replicas is None:
         del deployment["spec"]["replicas"]
     deployment["metadata"]["ownerReferences"] = [owner_reference(body)]
     return deployment
+
+
+def dedicated_pod_template(config: OperatorConfig, spec: ModelSpec, namespace: str) -> dict[str, Any]:
+    """The pod template of `spec`'s dedicated group under `config`, before its SPEC_HASH."""
+    return build_worker_pod_template(config, dedicated_to=spec.id, pinned=[spec.id], namespace=namespace,
+                                     images=oci_images([spec]), scheduling=spec.scheduling,
+                                     triton=dedicated_has_triton_sidecar(config, spec),
+                                     load_timeout_s=spec.load_timeout_seconds,
+                                     gateway=serves_gateway(config, spec))
 
 
 def build_pool_deployment(config: OperatorConfig, replicas: int,
@@ -630,16 +636,15 @@ def build_issuer_keys(config: OperatorConfig, namespace: str, keys: tuple[str, d
             "data": identity.keys_data(issuer, jwks)}
 
 
-def spec_hash(spec: ModelSpec, gateway_port: int | None = None) -> str:
-    """What rolls a dedicated group: its model's entry as its pods read it, and the gateway port its
-    pods serve where they serve one (``group_hash``: turning inferencePool on or off rolls exactly
-    the groups it covers, and a restart finds the others as they were)."""
-    entry: dict[str, Any] = model_store.store_entry(spec)
-    if gateway_port is not None:
-        entry = {"entry": entry, "gatewayPort": gateway_port}
-    return hashlib.sha256(json.dumps(entry, sort_keys=True).encode()).hexdigest()[:16]
+def group_hash(config: OperatorConfig, spec: ModelSpec, namespace: str) -> str:
+    """The SPEC_HASH of `spec`'s dedicated group under `config`: of its model's entry as its pods
+    read it and of the pod template the operator writes for it. So an edit of the model (its
+    scheduling too), and an operator whose settings changed what the group's pods run (a helm
+    upgrade's worker image, workers.scheduling, resources; inferencePool for a vllm group), each
+    roll exactly the groups whose pods would differ, and a restart finds the others as they were."""
+    return _group_hash(spec, dedicated_pod_template(config, spec, namespace))
 
 
-def group_hash(config: OperatorConfig, spec: ModelSpec) -> str:
-    """The SPEC_HASH of `spec`'s dedicated group under `config`."""
-    return spec_hash(spec, config.worker_gateway_port if serves_gateway(config, spec) else None)
+def _group_hash(spec: ModelSpec, template: dict[str, Any]) -> str:
+    what_runs = {"entry": model_store.store_entry(spec), "template": template}
+    return hashlib.sha256(json.dumps(what_runs, sort_keys=True).encode()).hexdigest()[:16]

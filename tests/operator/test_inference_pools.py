@@ -131,7 +131,8 @@ def test_a_model_that_leaves_vllm_or_its_group_takes_its_pool_away(cluster: Clus
 def test_turning_it_on_publishes_the_groups_that_exist_and_rolls_only_those(cluster: Cluster, extension) -> None:
     """A restart with inferencePool newly on: the vllm group gets its pool and a pod template with the
     gateway port (a new template hash, so its pods roll); another group's template is untouched."""
-    with running_operator(operator_config(cluster.namespace)):
+    off = operator_config(cluster.namespace)
+    with running_operator(off):
         cluster.apply(vllm_model("chat"))
         cluster.apply(served_model("classifier", placement="dedicated", replicas={"min": 1, "max": 1}))
         before = {name: wait_for(lambda name=name: cluster.get("deployment", name), name)
@@ -141,7 +142,8 @@ def test_turning_it_on_publishes_the_groups_that_exist_and_rolls_only_those(clus
     def template_hash(name: str) -> str:
         return cluster.get("deployment", name)["spec"]["template"]["metadata"]["annotations"][workloads.SPEC_HASH]
 
-    with running_operator(config_for(cluster)):
+    # the same operator otherwise (its catalog feed's address is in every worker pod: tests pick a free port each)
+    with running_operator(config_for(cluster, catalog_port=off.catalog_port, catalog_url=off.catalog_url)):
         wait_for(lambda: pool(cluster, "chat-dedicated"), "the existing group's InferencePool after the restart")
         wait_for(lambda: template_hash("chat-dedicated") != before["chat-dedicated"]["spec"]["template"]["metadata"][
             "annotations"][workloads.SPEC_HASH], "the vllm group's pods rolled onto the gateway port")

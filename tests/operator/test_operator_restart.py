@@ -45,3 +45,52 @@ def test_restart_changes_nothing(cluster: Cluster) -> None:
     assert after == before and not written
     assert sorted(k for k in after if k.startswith("deployments/")) == [
         "deployments/hotset-pool", "deployments/pinned-dedicated"]
+
+
+def _worker_pod(cluster: Cluster, deployment: str) -> dict:
+    return (cluster.get("deployment", deployment) or {}).get("spec", {}).get("template", {}).get("spec", {})
+
+
+def _worker_image(cluster: Cluster, deployment: str) -> str:
+    return next((c["image"] for c in _worker_pod(cluster, deployment).get("containers", [])
+                 if c["name"] == "hotset-worker"), "")
+
+
+def test_an_upgrade_that_changes_what_the_workers_run_rolls_the_dedicated_groups_too(cluster: Cluster) -> None:
+    """A helm upgrade to a new worker image restarts the operator with new settings: the shared pool
+    and every dedicated group get the new image (a group last rolled for its model's spec is not
+    left on the old one), and a restart with the same settings after it changes nothing."""
+    old = operator_config(cluster.namespace, worker_image="registry.example/hotset/worker:1.0")
+    with running_operator(old):
+        cluster.apply(served_model("pinned", placement="dedicated", replicas={"min": 1, "max": 1}))
+        cluster.apply(served_model("shared-a", memory="1Gi"))
+        wait_for(lambda: _worker_image(cluster, "pinned-dedicated").endswith(":1.0"), "the group on the old image")
+        wait_for(lambda: _worker_image(cluster, old.pool_name).endswith(":1.0"), "the pool on the old image")
+
+    new = operator_config(cluster.namespace, worker_image="registry.example/hotset/worker:1.1",
+                          catalog_port=old.catalog_port, catalog_url=old.catalog_url)
+    with running_operator(new):
+        wait_for(lambda: _worker_image(cluster, "pinned-dedicated").endswith(":1.1"), "the group on the new image")
+        wait_for(lambda: _worker_image(cluster, new.pool_name).endswith(":1.1"), "the pool on the new image")
+        wait_for(lambda: cluster.condition("pinned", "Ready"), "pinned's status")
+    upgraded = cluster.get("deployment", "pinned-dedicated")["metadata"]["generation"]
+
+    metrics = OperatorMetrics()
+    with running_operator(new, metrics):
+        wait_for(lambda: _settled(metrics), "the restarted operator settled")
+        assert cluster.get("deployment", "pinned-dedicated")["metadata"]["generation"] == upgraded
+
+
+def test_an_edit_of_a_dedicated_models_scheduling_moves_its_group(cluster: Cluster) -> None:
+    """Scheduling never reaches the catalog, but it is where the group's pods may run: a toleration
+    added for a tainted GPU node reaches the group's pod template."""
+    taint = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    with running_operator(operator_config(cluster.namespace)):
+        cluster.apply(served_model("pinned", placement="dedicated", replicas={"min": 1, "max": 1}))
+        wait_for(lambda: _worker_pod(cluster, "pinned-dedicated"), "the group's Deployment")
+        assert "nodeSelector" not in _worker_pod(cluster, "pinned-dedicated")
+        cluster.apply(served_model("pinned", placement="dedicated", replicas={"min": 1, "max": 1},
+                                   scheduling={"tolerations": [taint], "nodeSelector": {"gpu": "a100"}}))
+        wait_for(lambda: _worker_pod(cluster, "pinned-dedicated").get("nodeSelector") == {"gpu": "a100"}
+                 and taint in _worker_pod(cluster, "pinned-dedicated").get("tolerations", []),
+                 "the group's pods placed as the model now asks")

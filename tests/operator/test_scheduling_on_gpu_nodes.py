@@ -117,11 +117,16 @@ def test_the_sidecar_runs_triton_under_a_loop_that_starts_it_again() -> None:
     assert triton["args"][0] == "tritonserver" and "--model-control-mode=explicit" in triton["args"]
 
 
-def test_the_scheduling_changes_leave_the_catalog_entry_and_spec_hash_alone() -> None:
+def test_a_scheduling_change_leaves_the_catalog_entry_alone_and_rolls_the_dedicated_group() -> None:
+    """Workers never read scheduling (no catalog write for it); a dedicated group's pods are where it
+    applies, so it changes what the group runs (its hash) and the group rolls onto the new nodes."""
     plain = _dedicated()
     placed = _dedicated(scheduling={"nodeSelector": {"a": "b"}})
     assert model_store.store_entry(plain) == model_store.store_entry(placed)
-    assert workloads.spec_hash(plain) == workloads.spec_hash(placed)
+    assert workloads.group_hash(_config(), plain, "ml") != workloads.group_hash(_config(), placed, "ml")
+    deployment = workloads.build_dedicated_deployment(placed, _body(), _config())
+    assert deployment["spec"]["template"]["metadata"]["annotations"][workloads.SPEC_HASH] == (
+        workloads.group_hash(_config(), placed, deployment["metadata"]["namespace"]))
 
 
 def test_the_charts_values_reach_the_operator(kube_cluster) -> None:

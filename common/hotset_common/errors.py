@@ -153,6 +153,11 @@ class BackendUnavailable(HotsetError):
         self.headers = {"Retry-After": str(retry_after_s)}
 
 
+class EngineLost(BackendUnavailable):
+    """The model's engine process died under a request that had not started its answer: the
+    request may wait for a new copy (within its deadline) instead of failing with this 503."""
+
+
 class UpstreamTimeout(HotsetError):
     status_code = 504
 

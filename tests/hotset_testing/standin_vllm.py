@@ -26,6 +26,7 @@ import argparse
 import asyncio
 import collections
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -55,6 +56,9 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--standin-token-delay-s", type=float, default=0.005, help="seconds between two tokens")
     p.add_argument("--standin-start-delay-s", type=float, default=0.0, help="a slow start (weights, CUDA graphs)")
     p.add_argument("--standin-fail-start", default="", help="exit at once with this message (a model vLLM cannot load)")
+    p.add_argument("--standin-dying-s", type=float, default=2.0,
+                   help="on SIGUSR1 (its engine core died), seconds between dropping every connection and "
+                        "exiting, as vLLM's API server takes to shut down after its engine core")
     p.add_argument("--standin-die-on-first-request", default="",
                    help="answer /health, then exit with this message on the first generation (a model shape "
                         "vLLM's kernels lack)")
@@ -226,8 +230,22 @@ def main(argv: list[str] | None = None) -> None:
     parent = os.getppid()
 
     async def serve() -> None:
-        watcher = asyncio.get_running_loop().create_task(exit_with_parent(parent))
-        await uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning")).serve()
+        loop = asyncio.get_running_loop()
+        watcher = loop.create_task(exit_with_parent(parent))
+        server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning"))
+
+        def engine_core_died() -> None:
+            """Alive for --standin-dying-s more, answering nobody: it stops listening and cuts
+            every connection (a request then sees a refused or reset connection), then exits."""
+            print("standin: its engine core died; shutting down", flush=True)
+            for listener in server.servers:
+                listener.close()
+            for connection in list(server.server_state.connections):
+                connection.transport.abort()
+            loop.call_later(args.standin_dying_s, os._exit, 1)
+
+        loop.add_signal_handler(signal.SIGUSR1, engine_core_died)
+        await server.serve()
         watcher.cancel()
 
     asyncio.run(serve())

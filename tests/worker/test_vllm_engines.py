@@ -11,6 +11,7 @@ import importlib.util
 import json
 import os
 import signal
+import socket
 import sys
 import threading
 from pathlib import Path
@@ -245,6 +246,35 @@ def test_a_request_arriving_just_after_its_engine_died_waits_for_a_new_one(tmp_p
         wait_for(lambda: exited(old), "the engine to die", timeout=10)  # a zombie until the worker looks
         assert httpx.get(f"{url}/status", timeout=5).json()["models"][0]["state"] == "READY"  # as far as it knows
         assert ask(openai_client, "llm") == "the engine streams one"  # waited for a new engine, no 503
+        assert len(live := [p for p in psutil.Process().children(recursive=True)
+                            if not exited(p) and str(STANDIN) in p.cmdline()]) == 1 and live[0].pid != old.pid
+
+
+def _refuses(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    except ConnectionRefusedError:
+        return True
+    return False
+
+
+def test_a_request_reaching_an_engine_that_is_dying_waits_for_a_new_one(tmp_path) -> None:
+    """vLLM's API server outlives its engine core by a moment: it stops answering (connections
+    refused or cut) before its process exits. A request that reaches it then is not a 503: the
+    worker sees the process exit, drops the copy and answers from a new engine."""
+    store = write_store(tmp_path, [{"id": "llm", "memory": "256Mi"}])
+    args = ["--model-store", str(store), "--memory-budget", "1Gi", "--vllm-device-memory", "1Gi",
+            "--vllm-command", f"{standin_command()} --standin-dying-s 1.5", "--backend-sync-s", "600"]
+    with worker_process(args) as url, openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0,
+                                                    timeout=60) as openai_client:
+        ask(openai_client, "llm")
+        (old,) = [p for p in psutil.Process().children(recursive=True) if str(STANDIN) in p.cmdline()]
+        old.send_signal(signal.SIGUSR1)  # its engine core died: it cuts every connection, exits 1.5 s later
+        port = int(old.cmdline()[old.cmdline().index("--port") + 1])
+        wait_for(lambda: _refuses(port), "the dying engine to stop listening", timeout=10)
+        assert not exited(old)
+        assert ask(openai_client, "llm") == "the engine streams one"  # waited for a new engine, no 503
+        assert exited(old)
         assert len(live := [p for p in psutil.Process().children(recursive=True)
                             if not exited(p) and str(STANDIN) in p.cmdline()]) == 1 and live[0].pid != old.pid
 

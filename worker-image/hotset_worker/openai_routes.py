@@ -108,6 +108,15 @@ class _Request:
         self.spec = held.spec  # the model's own when the canary it chose ended meanwhile
         return held.worker
 
+    async def hold_again(self, timeout_s: float | None) -> FrameworkWorker:
+        """Let go of what ``hold`` took and hold the model anew, within what is left of the
+        request's budget: its copy was lost under it (errors.EngineLost), and the manager drops a
+        lost copy and waits for a new one."""
+        await self.held.aclose()
+        self.held = contextlib.AsyncExitStack()
+        budget = self.routes.manager.request_timeout_s if timeout_s is None else timeout_s
+        return await self.hold(max(0.0, budget - (time.perf_counter() - self.arrived)))
+
     def count_tokens(self) -> None:
         self.metered = True
 
@@ -202,9 +211,14 @@ class OpenAIRoutes:
             return error_response(errors.HotsetError(f"internal error: {type(exc).__name__}: {exc}"))
 
     async def _answer(self, state: _Request, route: str, raw: bytes, request: Request) -> Response:
-        worker = await state.hold(self.timeout_of(request))
+        timeout_s = self.timeout_of(request)
+        worker = await state.hold(timeout_s)
         if worker.forwards_openai():
-            return await self._forward(state, worker, route, raw, request)
+            try:
+                return await self._forward(state, worker, route, raw, request)
+            except errors.EngineLost as lost:  # it died since the copy was last checked: wait for a new one
+                log.warning("%s; %s waits for a new engine", lost, route)
+                return await self._forward(state, await state.hold_again(timeout_s), route, raw, request)
         if route == openai_wire.EMBEDDINGS:
             return await self._embed(state, worker, raw)
         return await self._generate(state, worker, route, raw)

@@ -41,6 +41,9 @@ from hotset_worker.frameworks.base import FrameworkWorker, StreamedResponse, Ten
 from hotset_worker.vllm_engines import NAME, Engine, VllmEngines, answer_headers, forwarded_headers
 
 ADAPTER_WEIGHTS = ("*.safetensors", "*.bin", "*.pt")
+# How long an engine that refused or cut a connection has to exit before the refusal is its answer:
+# vLLM's API server stops serving when its engine core dies and exits a moment later.
+ENGINE_EXIT_GRACE_S = 5.0
 
 
 def engine_flags(args: Mapping[str, Any]) -> list[str]:
@@ -189,6 +192,9 @@ class VllmWorker(FrameworkWorker):
             response = await self.engines.session().post(engine_.url + path, data=body,
                                                          headers=forwarded_headers(headers) | engine_.headers)
         except (aiohttp.ClientConnectionError, OSError) as exc:
+            if await _exits(engine_, ENGINE_EXIT_GRACE_S):
+                raise errors.EngineLost(f"the vLLM engine of {self.spec.id!r} exited "
+                                        f"({engine_.process.returncode}) as a request reached it") from exc
             raise errors.BackendUnavailable(f"the vLLM engine of {self.spec.id!r} does not answer: {exc}") from exc
 
         async def chunks():  # type: ignore[no-untyped-def]
@@ -256,3 +262,13 @@ class VllmWorker(FrameworkWorker):
     def outputs(self) -> list[TensorSpec]:
         return []
 
+
+async def _exits(engine_: Engine, within_s: float) -> bool:
+    """Whether `engine_`'s process exits within `within_s` (at once when it has already)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within_s
+    while engine_.alive():
+        if loop.time() >= deadline:
+            return False
+        await asyncio.sleep(0.05)
+    return True
